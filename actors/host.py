@@ -1,0 +1,38 @@
+"""The actor system host of a node: starts pykka actors and stops them all when it drains."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pykka
+import structlog
+
+log = structlog.get_logger("dispach.actors")
+
+
+class ActorHost:
+    def __init__(self) -> None:
+        self._refs: list[pykka.ActorRef[Any]] = []
+        self.stopping = False
+
+    def start(self, actor_class: type[pykka.Actor], *args: Any, **kwargs: Any) -> pykka.ActorRef[Any]:
+        if self.stopping:
+            raise RuntimeError("the actor host is stopping; no new actors")
+        ref: pykka.ActorRef[Any] = actor_class.start(*args, **kwargs)
+        self._refs.append(ref)
+        return ref
+
+    @property
+    def running(self) -> int:
+        return sum(1 for ref in self._refs if ref.is_alive())
+
+    def stop(self, timeout: float) -> None:
+        """Stop every actor, newest first; each finishes the message it is handling."""
+        self.stopping = True
+        for ref in reversed(self._refs):
+            if ref.is_alive():
+                try:
+                    ref.stop(block=True, timeout=timeout)
+                except pykka.Timeout:
+                    log.warning("actor_stop_timeout", actor=ref.actor_class.__name__)
+        self._refs.clear()

@@ -1,0 +1,736 @@
+# ruff: noqa: E402 - the imports below must follow the sys.path fix
+"""Benchmark of the event store against raw psycopg, in one run, on one database.
+
+    .venv/bin/python bench/eventstore.py [--quick] [--keep]
+
+Uses DATABASE_URL / NATS_URL when set, else starts the embedded Postgres and NATS in a fresh
+temporary directory (removed afterwards). Every run works in its own schema ``bench_<hex>``.
+
+Baselines (raw psycopg, no Dispach code, a scratch table of uuid, text and jsonb):
+  - single-row INSERT + COMMIT from one connection;
+  - ``executemany`` of 100 rows per transaction;
+  - a keyset read of the log's rows in pages of 1000 (tuples, nothing decoded);
+  - commit, NATS hint, subscriber wakes and reads the new row.
+The store's figures: append latency, group-commit throughput with 1/8/64 writer threads,
+batched appends, catch-up reads (sync and async), and commit -> subscriber latency through
+the NATS commit hints.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file is named like the package it measures; Python puts its directory first on the import
+# path, where ``import eventstore`` would find this script instead of the package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import platform
+import queue
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import msgspec
+import nats
+import psycopg
+import structlog
+from psycopg import sql
+
+from eventstore import NO_STREAM, START, EventStore, Metadata, NatsHints, NewEvent, RecordedEvent
+from eventstore._sql import load
+from eventstore.catalogue import ModelChunk
+from eventstore.writer import AppendResult
+from runtime.embedded import EmbeddedServices
+
+perf = time.perf_counter
+
+TEXT = "The quick brown fox jumps over the lazy dog. " * 3 + "Pack my box with five dozen."
+TYPE = ModelChunk.TYPE
+# The same JSON the store writes for the event's data, built without Dispach code.
+PAYLOAD = msgspec.json.encode({"delta": TEXT, "kind": "text"}).decode()
+AGENT = "bench"
+SESSION = "bench-session"
+
+
+@dataclass(frozen=True)
+class Plan:
+    raw_seconds: float
+    latency_appends: int
+    throughput_seconds: float
+    warmup_seconds: float
+    seed_events: int
+    subscriber_samples: int
+
+
+FULL = Plan(5.0, 3000, 8.0, 1.0, 100_000, 3000)
+QUICK = Plan(0.5, 200, 1.0, 0.2, 5_000, 150)
+WRITERS = (1, 8, 64)
+SEED_BATCH = 100
+PAGE = 1000
+
+
+# --- small helpers -------------------------------------------------------------------------------
+
+
+def pct(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(samples)
+    rank = math.ceil(q / 100 * len(ordered))
+    return ordered[max(0, min(len(ordered) - 1, rank - 1))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def rate(per_second: float) -> str:
+    return f"{per_second:,.0f}/s"
+
+
+def new_event(turn: str) -> NewEvent:
+    return NewEvent(
+        event=ModelChunk(delta=TEXT),
+        metadata=Metadata(agent_id=AGENT, session_key=SESSION, turn_id=turn),
+    )
+
+
+def fresh_stream() -> tuple[str, str]:
+    turn = uuid.uuid4().hex
+    return f"turn-{turn}", turn
+
+
+def section(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    met: Callable[[float, float], bool]
+    """Called with (ours, baseline)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    figure: str
+    ours: str
+    baseline: str
+    ratio: str
+    goal: str
+    met: str
+
+
+def line(
+    figure: str,
+    ours: float,
+    baseline: float | None,
+    show: Callable[[float], str],
+    goal: Goal | None = None,
+) -> Line:
+    ratio = "-" if not baseline else f"{ours / baseline:.2f}x"
+    met = "-" if goal is None else ("yes" if goal.met(ours, baseline or 0.0) else "NO")
+    return Line(
+        figure,
+        show(ours),
+        "-" if baseline is None else show(baseline),
+        ratio,
+        "-" if goal is None else goal.text,
+        met,
+    )
+
+
+def print_table(lines: Sequence[Line]) -> None:
+    header = Line("figure", "ours", "baseline", "ratio", "goal", "met?")
+    rows = [header, *lines]
+    fields = range(6)
+    cells = [[r.figure, r.ours, r.baseline, r.ratio, r.goal, r.met] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in fields]
+    right = {1, 2, 3}
+
+    def fmt(c: list[str]) -> str:
+        parts = [c[i].rjust(widths[i]) if i in right else c[i].ljust(widths[i]) for i in fields]
+        return "| " + " | ".join(parts) + " |"
+
+    print(fmt(cells[0]))
+    print("|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
+                         for i, w in enumerate(widths)) + "|")  # fmt: skip
+    for c in cells[1:]:
+        print(fmt(c))
+
+
+# --- machine facts -------------------------------------------------------------------------------
+
+
+def machine_facts(url: str, nats_version: str, data_dir: Path | None) -> None:
+    section("machine")
+    print(f"cpus: {os.cpu_count()}  platform: {platform.platform()}")
+    print(f"python: {platform.python_version()}  loop: {loop_name()}")
+    versions = {p: metadata.version(p) for p in ("psycopg", "psycopg-pool", "nats-py", "msgspec")}
+    print("packages: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    settings = (
+        "shared_buffers",
+        "max_wal_size",
+        "synchronous_commit",
+        "wal_sync_method",
+        "commit_delay",
+        "fsync",
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT version()").fetchone()
+        print(f"postgres: {row[0] if row else '?'}")
+        shown = []
+        for name in settings:
+            value = conn.execute(f"SHOW {name}").fetchone()
+            shown.append(f"{name}={value[0] if value else '?'}")
+        print("settings: " + " ".join(shown))
+    print(f"nats-server: {nats_version}")
+    if data_dir is not None:
+        fs = subprocess.run(
+            ["df", "--output=fstype,source", str(data_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        print(f"embedded data dir: {data_dir} ({' '.join(fs[2:]) or 'unknown fs'})")
+
+
+def loop_name() -> str:
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio"
+    return f"uvloop {uvloop.__version__}"
+
+
+# --- raw psycopg baselines -----------------------------------------------------------------------
+
+INSERT = b"INSERT INTO scratch (id, type, data) VALUES (%s, %s, %s::jsonb)"
+
+
+@dataclass(frozen=True)
+class Raw:
+    single_rate: float
+    single_p50: float
+    single_p99: float
+    batch_rate: float
+    batch_p50: float
+
+
+def raw_connect(url: str, schema: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=autocommit, options=f"-c search_path={schema}")
+
+
+def raw_setup(url: str, schema: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.scratch ("
+                " seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,"
+                " id uuid PRIMARY KEY, type text NOT NULL, data jsonb NOT NULL)"
+            ).format(sql.Identifier(schema))
+        )
+
+
+def raw_writes(url: str, schema: str, seconds: float) -> Raw:
+    with raw_connect(url, schema) as conn:
+        latencies: list[float] = []
+        end = perf() + seconds
+        start = perf()
+        while (t0 := perf()) < end:
+            conn.execute(INSERT, (uuid.uuid4(), TYPE, PAYLOAD))
+            conn.commit()
+            latencies.append(perf() - t0)
+        single_rate = len(latencies) / (perf() - start)
+
+        batches: list[float] = []
+        start = perf()
+        end = start + seconds
+        with conn.cursor() as cur:
+            while (t0 := perf()) < end:
+                rows = [(uuid.uuid4(), TYPE, PAYLOAD) for _ in range(SEED_BATCH)]
+                cur.executemany(INSERT, rows)
+                conn.commit()
+                batches.append(perf() - t0)
+        batch_rate = len(batches) * SEED_BATCH / (perf() - start)
+    print(
+        f"raw single-row INSERT+COMMIT: {rate(single_rate)} ({len(latencies)} commits), "
+        f"p50 {ms(pct(latencies, 50))}, p99 {ms(pct(latencies, 99))}"
+    )
+    print(
+        f"raw executemany {SEED_BATCH}/txn: {rate(batch_rate)} events "
+        f"({len(batches)} txns), p50 {ms(pct(batches, 50))} per txn"
+    )
+    return Raw(single_rate, pct(latencies, 50), pct(latencies, 99), batch_rate, pct(batches, 50))
+
+
+def raw_read(url: str, schema: str) -> tuple[int, float]:
+    """Keyset pages of the events table by global_position, tuples left undecoded."""
+    query = (
+        b"SELECT stream_id, stream_version, global_position, transaction_id::text, event_id,"
+        b" type, data::text, metadata::text, recorded_at FROM events"
+        b" WHERE global_position > %s ORDER BY global_position LIMIT %s"
+    )
+    with raw_connect(url, schema) as conn:
+        n, last = 0, 0
+        start = perf()
+        while rows := conn.execute(query, (last, PAGE)).fetchall():
+            n += len(rows)
+            last = rows[-1][2]
+            conn.commit()
+        return n, perf() - start
+
+
+# --- the store -----------------------------------------------------------------------------------
+
+
+def append_latency(store: EventStore, n: int, *, one_stream: bool) -> list[float]:
+    latencies = []
+    stream, turn = fresh_stream()
+    expected = NO_STREAM
+    for _ in range(n):
+        if not one_stream:
+            stream, turn = fresh_stream()
+        events = [new_event(turn)]
+        t0 = perf()
+        result = store.append(stream, events, expected if one_stream else NO_STREAM)
+        latencies.append(perf() - t0)
+        expected = result.version
+    return latencies
+
+
+@dataclass(frozen=True)
+class Throughput:
+    writers: int
+    appends: int
+    seconds: float
+    p50: float
+    p99: float
+    commands_per_batch: float
+
+    @property
+    def rate(self) -> float:
+        return self.appends / self.seconds
+
+
+def throughput(store: EventStore, writers: int, seconds: float, warmup: float) -> Throughput:
+    """``writers`` threads, each appending one event at a time to its own stream (exact
+    expected version, like a session actor), through the shared group-commit writer."""
+    stop = threading.Event()
+    barrier = threading.Barrier(writers + 1)
+    done: list[list[tuple[float, float]]] = [[] for _ in range(writers)]
+    failures: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        stream, turn = fresh_stream()
+        expected = NO_STREAM
+        mine = done[k]
+        barrier.wait()
+        try:
+            while not stop.is_set():
+                events = [new_event(turn)]
+                t0 = perf()
+                expected = store.append(stream, events, expected).version
+                t1 = perf()
+                mine.append((t1, t1 - t0))
+        except BaseException as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(writers)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    begin = perf()
+    time.sleep(warmup)
+    w = store._writer
+    batches0, commands0 = w.batches, w.commands
+    window_start = perf()
+    time.sleep(seconds)
+    window_end = perf()
+    batches1, commands1 = w.batches, w.commands
+    stop.set()
+    for t in threads:
+        t.join(30)
+    if failures:
+        raise failures[0]
+    inside = [lat for mine in done for (at, lat) in mine if window_start <= at < window_end]
+    del begin
+    return Throughput(
+        writers,
+        len(inside),
+        window_end - window_start,
+        pct(inside, 50),
+        pct(inside, 99),
+        (commands1 - commands0) / max(1, batches1 - batches0),
+    )
+
+
+def seed(store: EventStore, total: int) -> tuple[int, float]:
+    """Appends of SEED_BATCH events each, one caller, each to a new stream."""
+    appends = []
+    for _ in range(total // SEED_BATCH):
+        stream, turn = fresh_stream()
+        appends.append((stream, [new_event(turn) for _ in range(SEED_BATCH)]))
+    start = perf()
+    for stream, events in appends:
+        store.append(stream, events, NO_STREAM)
+    return len(appends) * SEED_BATCH, perf() - start
+
+
+def read_sync(store: EventStore) -> tuple[int, float]:
+    n, checkpoint = 0, START
+    start = perf()
+    while page := store.read_all(checkpoint, PAGE):
+        n += len(page)
+        checkpoint = page[-1].checkpoint
+    return n, perf() - start
+
+
+async def read_async(store: EventStore) -> tuple[int, float]:
+    n, checkpoint = 0, START
+    start = perf()
+    while page := await store.aread_all(checkpoint, PAGE):
+        n += len(page)
+        checkpoint = page[-1].checkpoint
+    return n, perf() - start
+
+
+def read_sql_only(store: EventStore) -> tuple[int, float]:
+    """The store's read_all query and fetch, without decoding rows: where the read time goes."""
+    query = load("read_all").encode()
+    n, txid, position = 0, 0, 0
+    start = perf()
+    while True:
+        with store.pool.connection() as conn:
+            params = {"txid": txid, "position": position, "limit": PAGE}
+            rows = conn.execute(query, params).fetchall()
+        if not rows:
+            break
+        n += len(rows)
+        txid, position = int(rows[-1][3]), rows[-1][2]
+    return n, perf() - start
+
+
+def read_plan(store: EventStore) -> str:
+    with store.pool.connection() as conn:
+        rows = conn.execute(
+            b"EXPLAIN " + load("read_all").encode(), {"txid": 0, "position": 0, "limit": PAGE}
+        ).fetchall()
+    return " / ".join(str(r[0]).strip() for r in rows[:3])
+
+
+@dataclass(frozen=True)
+class Delivery:
+    submit_to_yield: list[float]
+    commit_to_yield: list[float]
+
+
+async def subscriber_latency(store: EventStore, samples: int, poll: float) -> Delivery:
+    """One event at a time from a thread; the subscriber yields it through the NATS hints."""
+    got: queue.Queue[tuple[uuid.UUID, float]] = queue.Queue()
+    after = await asyncio.to_thread(store.head)
+
+    async def consume() -> None:
+        async for event in store.subscribe(after=after):
+            got.put_nowait((event.event_id, perf()))
+
+    task = asyncio.create_task(consume())
+    submit: list[float] = []
+    commit: list[float] = []
+
+    def produce() -> None:
+        stream, turn = fresh_stream()
+        expected = NO_STREAM
+        for _ in range(samples):
+            events = [new_event(turn)]
+            t0 = perf()
+            result: AppendResult = store.append(stream, events, expected)
+            t1 = perf()
+            expected = result.version
+            while True:
+                event_id, seen = got.get(timeout=10)
+                if event_id == events[0].event_id:
+                    break
+            submit.append(seen - t0)
+            commit.append(seen - t1)
+
+    try:
+        await asyncio.to_thread(produce)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    late = sum(1 for s in submit if s >= poll / 2)
+    print(
+        f"store: submit->yield p50 {ms(pct(submit, 50))} p99 {ms(pct(submit, 99))} "
+        f"max {ms(max(submit))}; commit->yield p50 {ms(pct(commit, 50))} "
+        f"p99 {ms(pct(commit, 99))}; {late} of {samples} took >= {poll / 2 * 1000:.0f} ms "
+        f"(half the {poll * 1000:.0f} ms poll: a hint was missed)"
+    )
+    return Delivery(submit, commit)
+
+
+async def raw_subscriber_latency(
+    url: str, schema: str, nc: nats.aio.client.Client, samples: int
+) -> Delivery:
+    """The same path without the store: INSERT+COMMIT, a NATS publish from the committing thread,
+    a subscriber woken by it reading the new rows over its own async connection."""
+    loop = asyncio.get_running_loop()
+    subject = f"bench.raw.{secrets.token_hex(4)}"
+    wake = asyncio.Event()
+
+    async def on_hint(msg: Any) -> None:
+        wake.set()
+
+    sub = await nc.subscribe(subject, cb=on_hint)
+    aconn = await psycopg.AsyncConnection.connect(
+        url, autocommit=True, options=f"-c search_path={schema}"
+    )
+    cur = await aconn.execute("SELECT coalesce(max(seq), 0) FROM scratch")
+    row = await cur.fetchone()
+    last = int(row[0]) if row else 0
+    got: queue.Queue[tuple[uuid.UUID, float]] = queue.Queue()
+    query = b"SELECT seq, id, type, data::text FROM scratch WHERE seq > %s ORDER BY seq"
+
+    async def consume() -> None:
+        nonlocal last
+        while True:
+            await wake.wait()
+            wake.clear()
+            cur = await aconn.execute(query, (last,))
+            for seq, row_id, _type, _data in await cur.fetchall():
+                last = seq
+                got.put_nowait((row_id, perf()))
+
+    task = asyncio.create_task(consume())
+    submit: list[float] = []
+    commit: list[float] = []
+
+    def produce() -> None:
+        with raw_connect(url, schema) as conn:
+            for _ in range(samples):
+                row_id = uuid.uuid4()
+                t0 = perf()
+                conn.execute(INSERT, (row_id, TYPE, PAYLOAD))
+                conn.commit()
+                t1 = perf()
+                asyncio.run_coroutine_threadsafe(nc.publish(subject, b"1"), loop)
+                while True:
+                    seen_id, seen = got.get(timeout=10)
+                    if seen_id == row_id:
+                        break
+                submit.append(seen - t0)
+                commit.append(seen - t1)
+
+    try:
+        await asyncio.to_thread(produce)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sub.unsubscribe()
+        await aconn.close()
+    print(
+        f"raw: insert->read p50 {ms(pct(submit, 50))} p99 {ms(pct(submit, 99))}; "
+        f"commit->read p50 {ms(pct(commit, 50))} p99 {ms(pct(commit, 99))}"
+    )
+    return Delivery(submit, commit)
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool) -> None:
+    loop = asyncio.get_running_loop()
+    schema = f"bench_{secrets.token_hex(4)}"
+    nc = await nats.connect(nats_url)
+    machine_facts(url, str(nc.connected_server_version), data_dir)
+    print(f"schema: {schema}  mode: {'quick' if plan is QUICK else 'full'}")
+
+    nats_hints: NatsHints | None = None
+
+    def on_commit(events: Sequence[RecordedEvent]) -> None:
+        assert nats_hints is not None
+        asyncio.run_coroutine_threadsafe(nats_hints.publish(events), loop)
+
+    store = EventStore(url, schema=schema, on_commit=on_commit)
+    nats_hints = NatsHints(nc, store.hints)
+    await nats_hints.start()
+    await store.aopen()
+    lines: list[Line] = []
+    try:
+        await asyncio.to_thread(raw_setup, url, schema)
+
+        section("baseline: raw psycopg writes")
+        raw = await asyncio.to_thread(raw_writes, url, schema, plan.raw_seconds)
+
+        section("1. append latency (one event per append, sequential)")
+        distinct = await asyncio.to_thread(
+            append_latency, store, plan.latency_appends, one_stream=False
+        )
+        single = await asyncio.to_thread(
+            append_latency, store, plan.latency_appends, one_stream=True
+        )
+        for name, lat in (("distinct streams", distinct), ("one stream, exact", single)):
+            print(
+                f"{name}: p50 {ms(pct(lat, 50))} p99 {ms(pct(lat, 99))} "
+                f"mean {ms(sum(lat) / len(lat))} ({len(lat)} appends)"
+            )
+        p50_goal = Goal("<= 0.50 ms", lambda o, b: o <= 0.0005)
+        p99_goal = Goal("<= 2.00 ms", lambda o, b: o <= 0.002)
+        lines += [
+            line("append latency p50, distinct streams", pct(distinct, 50), raw.single_p50, ms,
+                 p50_goal),
+            line("append latency p99, distinct streams", pct(distinct, 99), raw.single_p99, ms,
+                 p99_goal),
+            line("append latency p50, one stream (exact version)", pct(single, 50),
+                 raw.single_p50, ms, p50_goal),
+            line("append latency p99, one stream (exact version)", pct(single, 99),
+                 raw.single_p99, ms, p99_goal),
+        ]  # fmt: skip
+
+        section("2. append throughput (writer threads, one event per append)")
+        for writers in WRITERS:
+            t = await asyncio.to_thread(
+                throughput, store, writers, plan.throughput_seconds, plan.warmup_seconds
+            )
+            print(
+                f"{writers:>2} writers: {rate(t.rate)} events = {rate(t.rate)} appends "
+                f"({t.appends} in {t.seconds:.1f} s), latency p50 {ms(t.p50)} p99 {ms(t.p99)}, "
+                f"{t.commands_per_batch:.1f} appends per commit, "
+                f"{t.rate / raw.single_rate:.2f}x raw single-row commits"
+            )
+            goal = (
+                Goal(">= 3x baseline", lambda o, b: o >= 3 * b)
+                if writers == 64
+                else None
+            )
+            lines.append(
+                line(f"append throughput, {writers} writer(s), events/s", t.rate,
+                     raw.single_rate, rate, goal)
+            )  # fmt: skip
+
+        section(f"3a. batched appends ({SEED_BATCH} events per append, one caller)")
+        seeded, seconds = await asyncio.to_thread(seed, store, plan.seed_events)
+        batch_rate = seeded / seconds
+        print(f"{seeded} events in {seconds:.2f} s: {rate(batch_rate)} events")
+        lines.append(
+            line(f"batched append, {SEED_BATCH} events/append, events/s", batch_rate,
+                 raw.batch_rate, rate, Goal(">= 15,000/s", lambda o, b: o >= 15_000))
+        )  # fmt: skip
+
+        section(f"3b. catch-up reads (pages of {PAGE})")
+        print(f"plan: {await asyncio.to_thread(read_plan, store)}")
+        n_raw, s_raw = await asyncio.to_thread(raw_read, url, schema)
+        print(f"raw keyset read, undecoded: {n_raw} events in {s_raw:.2f} s = {rate(n_raw / s_raw)}")
+        n_sql, s_sql = await asyncio.to_thread(read_sql_only, store)
+        print(
+            f"store's read_all SQL, undecoded: {n_sql} events in {s_sql:.2f} s "
+            f"= {rate(n_sql / s_sql)}"
+        )
+        n_sync, s_sync = await asyncio.to_thread(read_sync, store)
+        print(f"read_all: {n_sync} events in {s_sync:.2f} s = {rate(n_sync / s_sync)}")
+        n_async, s_async = await read_async(store)
+        print(f"aread_all: {n_async} events in {s_async:.2f} s = {rate(n_async / s_async)}")
+        read_goal = Goal(">= 80,000/s", lambda o, b: o >= 80_000)
+        lines += [
+            line(f"catch-up read_all ({n_sync:,} events), events/s", n_sync / s_sync,
+                 n_raw / s_raw, rate, read_goal),
+            line(f"catch-up aread_all ({n_async:,} events), events/s", n_async / s_async,
+                 n_raw / s_raw, rate, read_goal),
+        ]  # fmt: skip
+
+        section("4. commit -> subscriber latency (NATS hints)")
+        raw_delivery = await raw_subscriber_latency(url, schema, nc, plan.subscriber_samples)
+        delivery = await subscriber_latency(store, plan.subscriber_samples, store.poll_interval)
+        s, c = delivery.submit_to_yield, delivery.commit_to_yield
+        rs, rc = raw_delivery.submit_to_yield, raw_delivery.commit_to_yield
+        lines += [
+            line("submit -> subscriber yield p50", pct(s, 50), pct(rs, 50), ms,
+                 Goal("<= 2.00 ms", lambda o, b: o <= 0.002)),
+            line("submit -> subscriber yield p99", pct(s, 99), pct(rs, 99), ms,
+                 Goal("<= 5.00 ms", lambda o, b: o <= 0.005)),
+            line("append return -> subscriber yield p50", pct(c, 50), pct(rc, 50), ms),
+            line("append return -> subscriber yield p99", pct(c, 99), pct(rc, 99), ms),
+        ]  # fmt: skip
+    finally:
+        await store.aclose()
+        await nats_hints.stop()
+        await nc.close()
+        if not keep:
+            await asyncio.to_thread(drop_schema, url, schema)
+
+    section("results (ratio = ours / baseline)")
+    print(
+        "baselines: latency and throughput rows = raw single-row INSERT+COMMIT; batched row = raw"
+        f" executemany {SEED_BATCH}/txn;\n  read rows = raw keyset read, undecoded; subscriber"
+        " rows = raw INSERT+COMMIT -> NATS publish -> woken reader SELECTs the row"
+    )
+    print_table(lines)
+
+
+def drop_schema(url: str, schema: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small counts, a smoke run")
+    parser.add_argument("--keep", action="store_true", help="keep the bench schema afterwards")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    started = perf()
+
+    database_url = os.environ.get("DATABASE_URL")
+    nats_url = os.environ.get("NATS_URL")
+    home: Path | None = None
+    services: EmbeddedServices | None = None
+    if database_url is None or nats_url is None:
+        home = Path(tempfile.mkdtemp(prefix="dispach-bench-"))
+        services = EmbeddedServices(home, database_url, nats_url)
+        services.start()
+    try:
+        assert services is None or services.database_url is not None
+        url = database_url or (services.database_url if services else None)
+        nurl = nats_url or (services.nats_url if services else None)
+        assert url is not None and nurl is not None
+        run(bench(url, nurl, plan, home if database_url is None else None, args.keep))
+    finally:
+        if services is not None:
+            services.stop()
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
+    print(f"\ntotal time {perf() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

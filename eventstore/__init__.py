@@ -1,0 +1,75 @@
+"""The log: append, read and subscribe; the event catalogue and codec; projections.
+
+This package imports nothing else of Dispach (DESIGN.md 3).
+"""
+
+from eventstore import catalogue, streams, subjects
+from eventstore.envelope import (
+    START,
+    Checkpoint,
+    Metadata,
+    NewEvent,
+    RecordedEvent,
+    WireEvent,
+    encode_wire,
+    to_wire,
+)
+from eventstore.errors import (
+    EventIdReused,
+    InvalidAppend,
+    InvalidCursor,
+    MigrationError,
+    StoreClosed,
+    StoreError,
+    StoreOverloaded,
+    StoreUnavailable,
+    WrongExpectedVersion,
+)
+from eventstore.event import REGISTRY, Event, UnknownEvent
+from eventstore.hints import Hints, NatsHints
+from eventstore.migrations import migrate
+from eventstore.projection import Projection, ProjectionRunner, rebuild
+from eventstore.projections import ASYNC, INLINE, SessionsProjection, TurnsProjection
+from eventstore.store import EventStore
+from eventstore.versions import ANY, NO_STREAM
+from eventstore.writer import AppendResult
+
+__all__ = [
+    "ANY",
+    "ASYNC",
+    "INLINE",
+    "NO_STREAM",
+    "REGISTRY",
+    "START",
+    "AppendResult",
+    "Checkpoint",
+    "Event",
+    "EventIdReused",
+    "EventStore",
+    "Hints",
+    "InvalidAppend",
+    "InvalidCursor",
+    "Metadata",
+    "MigrationError",
+    "NatsHints",
+    "NewEvent",
+    "Projection",
+    "ProjectionRunner",
+    "RecordedEvent",
+    "SessionsProjection",
+    "StoreClosed",
+    "StoreError",
+    "StoreOverloaded",
+    "StoreUnavailable",
+    "TurnsProjection",
+    "UnknownEvent",
+    "WireEvent",
+    "WrongExpectedVersion",
+    "catalogue",
+    "encode_wire",
+    "migrate",
+    "rebuild",
+    "streams",
+    "subjects",
+    "to_wire",
+]

@@ -1,0 +1,57 @@
+"""SQL text (kept in ``sql/*.sql`` beside this module) and the decoding of event rows."""
+
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+import msgspec
+
+from eventstore.envelope import Metadata, RecordedEvent
+from eventstore.errors import InvalidSchema
+from eventstore.event import decode_data
+
+_META = msgspec.json.Decoder(Metadata)
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+# The column list every event read selects, in this order (see sql/read_*.sql).
+EventRow = tuple[str, int, int, str, uuid.UUID, str, str, str, datetime]
+
+
+@functools.cache
+def load(name: str) -> str:
+    return resources.files("eventstore").joinpath("sql", f"{name}.sql").read_text()
+
+
+def decode_row(row: EventRow | tuple[Any, ...]) -> RecordedEvent:
+    stream, version, position, txid_text, event_id, type_name, data_text, meta_text, at = row
+    return RecordedEvent(
+        stream=stream,
+        version=version,
+        position=position,
+        txid=int(txid_text),
+        event_id=event_id,
+        type=type_name,
+        data=decode_data(type_name, data_text),
+        metadata=_META.decode(meta_text),
+        recorded_at=at,
+    )
+
+
+def check_schema_name(schema: str) -> str:
+    """Schema names are interpolated into ``search_path``; allow plain identifiers only."""
+    if not _IDENTIFIER.fullmatch(schema):
+        raise InvalidSchema(schema)
+    return schema
+
+
+def connect_kwargs(schema: str) -> dict[str, Any]:
+    """Connection options shared by every connection of the store."""
+    return {
+        "options": f"-c search_path={check_schema_name(schema)}",
+        "application_name": "dispach",
+    }

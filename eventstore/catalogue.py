@@ -1,0 +1,323 @@
+"""Every event type Dispach writes, in one place (docs/events.md is the prose for each).
+
+Where the original Dispach (v1 wire) has a name and data shape for the same fact, we use it, so a
+v1 client reads our stream unchanged; our additions are extra fields with defaults or new types.
+Field names are snake_case here and camelCase on the wire (``rename="camel"``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+import msgspec
+
+from eventstore.event import Event, register
+
+EndReason = Literal["final", "stopped", "max_steps", "timeout", "output_limit", "error"]
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    code: str
+    message: str
+    hint: str
+    field: str | None = None
+
+
+class Tokens(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    prompt: int = 0
+    output: int = 0
+    cache_read: int = 0
+    cache_write: int = 0
+
+
+class Deliver(msgspec.Struct, frozen=True, kw_only=True):
+    channel: str
+    to: str
+
+
+class ContextSlot(msgspec.Struct, frozen=True, kw_only=True):
+    slot: int
+    label: str
+    tokens: int
+    pinned: bool
+
+
+# --- turn lifecycle (stream turn-<turnId>) -------------------------------------------------------
+
+
+class TurnStart(Event, frozen=True):
+    """The acceptance event: a turn exists once this is committed (202 means durable)."""
+
+    TYPE: ClassVar[str] = "turn.start"
+    source: str
+    input_tokens: int = 0
+    input: str = ""
+    trust: str = "trusted"
+    deliver: Deliver | None = None
+    idempotency_key: str | None = None
+    request_hash: str | None = None
+
+
+class TurnAttempt(Event, frozen=True):
+    """A node began (attempt 1) or resumed (attempt > 1, after a crash) running the turn."""
+
+    TYPE: ClassVar[str] = "turn.attempt"
+    attempt: int
+    node: str
+    resumed_from_step: int = 0
+
+
+class ContextAssembled(Event, frozen=True):
+    TYPE: ClassVar[str] = "context.assembled"
+    slots: list[ContextSlot]
+    total: int
+
+
+class ContextPressure(Event, frozen=True):
+    TYPE: ClassVar[str] = "context.pressure"
+    fraction: float
+    tokens: int
+    budget: int
+    source: Literal["reported", "corrected", "estimated"]
+    peak: float | None = None
+
+
+class CompactionStage(Event, frozen=True):
+    TYPE: ClassVar[str] = "compaction.stage"
+    stage: str
+    before: int
+    after: int
+    changed: bool = True
+    digest: Literal["model", "mechanical"] | None = None
+
+
+class ModelCall(Event, frozen=True):
+    TYPE: ClassVar[str] = "model.call"
+    role: Literal["main", "selector", "compactor"]
+    model: str
+    prompt_tokens: int
+    cached: bool = False
+    attempt: int = 1
+
+
+class ModelChunk(Event, frozen=True):
+    """Coalesced text deltas; the live stream and the replay carry exactly these."""
+
+    TYPE: ClassVar[str] = "model.chunk"
+    delta: str
+    kind: Literal["text", "reasoning"] = "text"
+
+
+class ModelRetry(Event, frozen=True):
+    TYPE: ClassVar[str] = "model.retry"
+    status: int
+    attempt: int
+    delay_ms: int
+
+
+class ModelResult(Event, frozen=True):
+    TYPE: ClassVar[str] = "model.result"
+    output_tokens: int
+    prompt_tokens: int
+    finish_reason: str
+    latency_ms: int
+    prompt_tokens_reported: int | None = None
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    first_token_ms: int | None = None
+    text: str = ""
+    error: ErrorDetail | None = None
+
+
+class ToolCall(Event, frozen=True):
+    """A tool call the model asked for. ``args`` stays in the log; streams carry ``argsHash``."""
+
+    TYPE: ClassVar[str] = "tool.call"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"args"})
+    slug: str
+    call_id: str
+    args_hash: str
+    mutating: bool
+    args: dict[str, object] | None = None
+
+
+class ToolResult(Event, frozen=True):
+    TYPE: ClassVar[str] = "tool.result"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"output"})
+    slug: str
+    call_id: str
+    ok: bool
+    latency_ms: int
+    bytes: int
+    truncated: bool = False
+    trust: str = "trusted"
+    uncertain: bool = False
+    output: str | None = None
+
+
+class ToolGated(Event, frozen=True):
+    TYPE: ClassVar[str] = "tool.gated"
+    slug: str
+    call_id: str
+    reason: str
+    policy: str
+
+
+class ToolRepair(Event, frozen=True):
+    TYPE: ClassVar[str] = "tool.repair"
+    slugs: list[str]
+    errors: list[str]
+
+
+class ApprovalRequested(Event, frozen=True):
+    TYPE: ClassVar[str] = "approval.requested"
+    approval_id: str
+    slug: str
+    call_id: str
+    mutating: bool
+    reason: str
+    match: str | None = None
+
+
+class ApprovalResolved(Event, frozen=True):
+    TYPE: ClassVar[str] = "approval.resolved"
+    approval_id: str
+    slug: str
+    granted: bool
+    by: str
+
+
+class TurnStopping(Event, frozen=True):
+    TYPE: ClassVar[str] = "turn.stopping"
+    reason: Literal["stopped", "timeout", "interrupted"] = "stopped"
+    by: str | None = None
+
+
+class TurnEnd(Event, frozen=True):
+    """Exactly one per turn; the turn resource's ``status`` becomes ``reason``."""
+
+    TYPE: ClassVar[str] = "turn.end"
+    reason: EndReason
+    steps: int
+    tokens: Tokens
+    duration_ms: int
+    text: str = ""
+    error: ErrorDetail | None = None
+
+
+# --- delivery (stream outbox-<itemId>) -----------------------------------------------------------
+
+
+class DeliveryEnqueued(Event, frozen=True):
+    TYPE: ClassVar[str] = "delivery.enqueued"
+    channel_id: str
+    to: str
+    key: str
+    chunk_index: int
+    chunk_total: int
+    text: str
+
+
+class DeliveryAttempted(Event, frozen=True):
+    """Committed before the send: after a crash it marks a send whose outcome is unknown."""
+
+    TYPE: ClassVar[str] = "delivery.attempted"
+    channel_id: str
+    chunk_index: int
+    chunk_total: int
+    attempt: int
+
+
+class DeliverySent(Event, frozen=True):
+    TYPE: ClassVar[str] = "delivery.sent"
+    channel_id: str
+    chunk_index: int
+    chunk_total: int
+    attempts: int
+    provider_message_id: str | None = None
+    uncertain: bool = False
+
+
+class DeliveryRetry(Event, frozen=True):
+    TYPE: ClassVar[str] = "delivery.retry"
+    channel_id: str
+    chunk_index: int
+    attempts: int
+    delay_ms: int
+    error: str
+
+
+class DeliveryFailed(Event, frozen=True):
+    TYPE: ClassVar[str] = "delivery.failed"
+    channel_id: str
+    chunk_index: int
+    chunk_total: int
+    attempts: int
+    exhausted: bool
+    abandoned: int
+    error: str
+
+
+class DeliveryUncertain(Event, frozen=True):
+    TYPE: ClassVar[str] = "delivery.uncertain"
+    channel_id: str
+    chunk_index: int
+    chunk_total: int
+    attempts: int
+    idempotent_send: bool
+
+
+# --- schedules (stream schedule-<agentId>-<scheduleId>) and sessions ---------------------------
+
+
+class ScheduleFired(Event, frozen=True):
+    TYPE: ClassVar[str] = "schedule.fired"
+    schedule_id: str
+    kind: Literal["cron", "every", "at"]
+    drift_ms: int
+    late: bool = False
+    due: str = ""
+
+
+class ScheduleSkipped(Event, frozen=True):
+    TYPE: ClassVar[str] = "schedule.skipped"
+    schedule_id: str
+    kind: Literal["cron", "every", "at"]
+    reason: str
+    missed: int
+    missed_at_least: bool = False
+
+
+class SessionCleared(Event, frozen=True):
+    TYPE: ClassVar[str] = "session.cleared"
+    by: str | None = None
+
+
+register(
+    TurnStart,
+    TurnAttempt,
+    ContextAssembled,
+    ContextPressure,
+    CompactionStage,
+    ModelCall,
+    ModelChunk,
+    ModelRetry,
+    ModelResult,
+    ToolCall,
+    ToolResult,
+    ToolGated,
+    ToolRepair,
+    ApprovalRequested,
+    ApprovalResolved,
+    TurnStopping,
+    TurnEnd,
+    DeliveryEnqueued,
+    DeliveryAttempted,
+    DeliverySent,
+    DeliveryRetry,
+    DeliveryFailed,
+    DeliveryUncertain,
+    ScheduleFired,
+    ScheduleSkipped,
+    SessionCleared,
+)

@@ -1,0 +1,186 @@
+"""Projections: read models derived from the log, each rebuildable from it.
+
+A projection is pure: :meth:`Projection.statements` turns one recorded event into SQL statements.
+Where they run decides the kind:
+
+- *inline* projections run inside the group-commit writer's transaction, so a caller that just
+  appended reads its own write (the turn resource);
+- *asynchronous* projections are applied by :class:`ProjectionRunner`, which writes the rows and
+  the projection's checkpoint in one transaction, as a compare-and-set on the previous checkpoint,
+  so a batch is applied exactly once even with two runners racing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+import structlog
+from psycopg import sql
+
+from eventstore._sql import decode_row, load
+from eventstore.envelope import START, Checkpoint, RecordedEvent
+
+if TYPE_CHECKING:
+    from eventstore.store import EventStore
+
+Statement = tuple[str, Sequence[Any] | Mapping[str, Any]]
+
+log = structlog.get_logger("dispach.projection")
+
+
+class Projection(Protocol):
+    name: str
+    tables: tuple[str, ...]
+    """Tables owned by the projection (emptied by a rebuild)."""
+    types: frozenset[str]
+    """Event types it reacts to; other events are skipped without a call."""
+
+    def statements(self, event: RecordedEvent) -> Iterable[Statement]: ...
+
+
+def statements_for(
+    projections: Sequence[Projection], events: Sequence[RecordedEvent]
+) -> list[Statement]:
+    return [
+        stmt
+        for event in events
+        for projection in projections
+        if event.type in projection.types
+        for stmt in projection.statements(event)
+    ]
+
+
+def run_statements(cur: psycopg.Cursor[Any], statements: Sequence[Statement]) -> None:
+    for query, params in statements:
+        cur.execute(query.encode(), params)
+
+
+async def arun_statements(cur: psycopg.AsyncCursor[Any], statements: Sequence[Statement]) -> None:
+    for query, params in statements:
+        await cur.execute(query.encode(), params)
+
+
+def rebuild(conn: psycopg.Connection[Any], projection: Projection, *, inline: bool) -> int:
+    """Empty ``projection`` and replay the whole log into it; returns the events applied.
+
+    Inline projections are rebuilt in one REPEATABLE READ transaction that first locks their
+    tables: a writer that already touched them has committed before the snapshot is taken (its
+    events are replayed), and one that has not blocks on the lock and applies its change on top of
+    the rebuilt rows afterwards. Asynchronous projections are reset to the start of the log inside
+    the same transaction and caught up here, batch by batch, like a runner would.
+    """
+    tables = [sql.Identifier(t) for t in projection.tables]
+    applied = 0
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(", ").join(tables))
+        )
+        conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(tables)))
+        if inline:
+            with conn.cursor(name=f"rebuild_{projection.name}") as rows:
+                rows.itersize = 2000
+                rows.execute(load("read_committed").encode())
+                batch: list[RecordedEvent] = []
+                for row in rows:
+                    batch.append(decode_row(row))
+                    if len(batch) >= 2000:
+                        applied += _apply(conn, projection, batch)
+                        batch = []
+                applied += _apply(conn, projection, batch)
+        else:
+            conn.execute(
+                """INSERT INTO projection_checkpoints (name, txid, position) VALUES (%s, 0, 0)
+                   ON CONFLICT (name) DO UPDATE SET txid = 0, position = 0, updated_at = now()""",
+                [projection.name],
+            )
+    return applied
+
+
+def _apply(conn: psycopg.Connection[Any], projection: Projection, batch: list[RecordedEvent]) -> int:
+    relevant = [e for e in batch if e.type in projection.types]
+    with conn.cursor() as cur:
+        run_statements(cur, statements_for([projection], relevant))
+    return len(relevant)
+
+
+class ProjectionRunner:
+    """Keeps one asynchronous projection up to date by tailing the log from its checkpoint."""
+
+    def __init__(self, store: EventStore, projection: Projection, *, batch: int = 1000) -> None:
+        self._store = store
+        self._projection = projection
+        self._batch = batch
+
+    @property
+    def name(self) -> str:
+        return self._projection.name
+
+    async def checkpoint(self) -> Checkpoint:
+        async with self._store.apool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT txid, position FROM projection_checkpoints WHERE name = %s",
+                [self._projection.name],
+            )
+            row = await cur.fetchone()
+        return START if row is None else Checkpoint(row[0], row[1])
+
+    async def catch_up(self) -> int:
+        """Apply every batch visible now; returns the number of events applied."""
+        applied = 0
+        while True:
+            n = await self._step()
+            if n < 0:
+                return applied
+            applied += n
+
+    async def run(self) -> None:
+        """Apply forever: woken by commit hints, polling as a fallback."""
+        while True:
+            generation = self._store.hints.generation
+            try:
+                await self.catch_up()
+            except psycopg.Error as e:
+                log.warning("projection_retry", projection=self.name, error=str(e))
+            await self._store.hints.wait(generation, self._store.poll_interval)
+
+    async def _step(self) -> int:
+        """One batch. Returns events applied, or -1 when there was nothing new to read."""
+        cp = await self.checkpoint()
+        page = await self._store.aread_all(cp, limit=self._batch)
+        if not page:
+            return -1
+        last = page[-1].checkpoint
+        relevant = [e for e in page if e.type in self._projection.types]
+        try:
+            async with (
+                self._store.apool.connection() as conn,
+                conn.transaction(),
+                conn.cursor() as cur,
+            ):
+                await cur.execute(
+                    """UPDATE projection_checkpoints SET txid = %s, position = %s,
+                              updated_at = now()
+                        WHERE name = %s AND txid = %s AND position = %s""",
+                    [last.txid, last.position, self.name, cp.txid, cp.position],
+                )
+                if cur.rowcount == 0 and cp == START:
+                    await cur.execute(
+                        """INSERT INTO projection_checkpoints (name, txid, position)
+                           VALUES (%s, %s, %s) ON CONFLICT (name) DO NOTHING""",
+                        [self.name, last.txid, last.position],
+                    )
+                if cur.rowcount == 0:
+                    raise _CheckpointMovedError
+                await arun_statements(cur, statements_for([self._projection], relevant))
+        except _CheckpointMovedError:
+            # Another runner (or a rebuild) moved the checkpoint; the rollback undid nothing of
+            # theirs. Re-read the checkpoint and go on from there.
+            return 0
+        return len(relevant)
+
+
+class _CheckpointMovedError(Exception):
+    pass

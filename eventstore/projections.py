@@ -1,0 +1,180 @@
+"""The read models Dispach serves, as projections of the log (see projection.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from eventstore.catalogue import (
+    ApprovalRequested,
+    ApprovalResolved,
+    ModelResult,
+    SessionCleared,
+    TurnAttempt,
+    TurnEnd,
+    TurnStart,
+)
+from eventstore.envelope import RecordedEvent
+from eventstore.projection import Statement
+
+
+class TurnsProjection:
+    """The turn resource: ``status`` is ``running`` until ``turn.end``, then its reason."""
+
+    name = "turns"
+    tables = ("turns",)
+    types = frozenset(
+        {
+            TurnStart.TYPE,
+            TurnAttempt.TYPE,
+            ModelResult.TYPE,
+            ApprovalRequested.TYPE,
+            ApprovalResolved.TYPE,
+            TurnEnd.TYPE,
+        }
+    )
+
+    def statements(self, event: RecordedEvent) -> Iterable[Statement]:
+        turn_id = event.metadata.turn_id
+        if turn_id is None:
+            return []
+        at, pos = event.recorded_at, event.position
+        match event.data:
+            case TurnStart(source=source, input=text):
+                return [
+                    (
+                        """INSERT INTO turns (turn_id, agent_id, session_key, source, input,
+                                              status, state, started_at, last_position)
+                           VALUES (%s, %s, %s, %s, %s, 'running', 'accepted', %s, %s)
+                           ON CONFLICT (turn_id) DO NOTHING""",
+                        [
+                            turn_id,
+                            event.metadata.agent_id or "",
+                            event.metadata.session_key or "",
+                            source,
+                            text,
+                            at,
+                            pos,
+                        ],
+                    )
+                ]
+            case TurnAttempt(attempt=attempt):
+                state = "running" if attempt == 1 else "resuming"
+                return [
+                    (
+                        """UPDATE turns SET attempt = %s, state = %s, last_position = %s
+                            WHERE turn_id = %s AND status = 'running'""",
+                        [attempt, state, pos, turn_id],
+                    )
+                ]
+            case ModelResult() as r:
+                return [
+                    (
+                        """UPDATE turns SET steps = steps + 1, prompt_tokens = %s,
+                                  output_tokens = output_tokens + %s,
+                                  cache_read_tokens = cache_read_tokens + %s,
+                                  cache_write_tokens = cache_write_tokens + %s,
+                                  state = 'running', last_position = %s
+                            WHERE turn_id = %s AND status = 'running'""",
+                        [
+                            r.prompt_tokens,
+                            r.output_tokens,
+                            r.cache_read_tokens,
+                            r.cache_write_tokens,
+                            pos,
+                            turn_id,
+                        ],
+                    )
+                ]
+            case ApprovalRequested() | ApprovalResolved():
+                state = "awaiting_approval" if event.type == ApprovalRequested.TYPE else "running"
+                return [
+                    (
+                        """UPDATE turns SET state = %s, last_position = %s
+                            WHERE turn_id = %s AND status = 'running'""",
+                        [state, pos, turn_id],
+                    )
+                ]
+            case TurnEnd() as end:
+                err = end.error
+                return [
+                    (
+                        """UPDATE turns SET status = %s, state = 'ended', steps = %s,
+                                  prompt_tokens = %s, output_tokens = %s,
+                                  cache_read_tokens = %s, cache_write_tokens = %s, text = %s,
+                                  error_code = %s, error_message = %s, error_hint = %s,
+                                  ended_at = %s, duration_ms = %s, last_position = %s
+                            WHERE turn_id = %s""",
+                        [
+                            end.reason,
+                            end.steps,
+                            end.tokens.prompt,
+                            end.tokens.output,
+                            end.tokens.cache_read,
+                            end.tokens.cache_write,
+                            end.text,
+                            err.code if err else None,
+                            err.message if err else None,
+                            err.hint if err else None,
+                            at,
+                            end.duration_ms,
+                            pos,
+                            turn_id,
+                        ],
+                    )
+                ]
+            case _:
+                return []
+
+
+class SessionsProjection:
+    """Sessions of each agent: how many turns, the last one, when last active or cleared."""
+
+    name = "sessions"
+    tables = ("sessions",)
+    types = frozenset({TurnStart.TYPE, TurnEnd.TYPE, SessionCleared.TYPE})
+
+    def statements(self, event: RecordedEvent) -> Iterable[Statement]:
+        agent, key = event.metadata.agent_id, event.metadata.session_key
+        if agent is None or key is None:
+            return []
+        at = event.recorded_at
+        match event.data:
+            case TurnStart():
+                return [
+                    (
+                        """INSERT INTO sessions (agent_id, session_key, turns, last_turn_id,
+                                                 first_seen_at, last_activity_at)
+                           VALUES (%s, %s, 1, %s, %s, %s)
+                           ON CONFLICT (agent_id, session_key) DO UPDATE
+                              SET turns = sessions.turns + 1,
+                                  last_turn_id = excluded.last_turn_id,
+                                  last_activity_at = excluded.last_activity_at""",
+                        [agent, key, event.metadata.turn_id, at, at],
+                    )
+                ]
+            case TurnEnd():
+                return [
+                    (
+                        """UPDATE sessions SET last_activity_at = greatest(last_activity_at, %s)
+                            WHERE agent_id = %s AND session_key = %s""",
+                        [at, agent, key],
+                    )
+                ]
+            case SessionCleared():
+                return [
+                    (
+                        """INSERT INTO sessions (agent_id, session_key, first_seen_at,
+                                                 last_activity_at, cleared_at)
+                           VALUES (%s, %s, %s, %s, %s)
+                           ON CONFLICT (agent_id, session_key) DO UPDATE
+                              SET cleared_at = excluded.cleared_at,
+                                  last_activity_at = excluded.last_activity_at""",
+                        [agent, key, at, at, at],
+                    )
+                ]
+            case _:
+                return []
+
+
+INLINE = (TurnsProjection(),)
+ASYNC = (SessionsProjection(),)

@@ -1,0 +1,5 @@
+-- Events of a batch that are already stored: a retried append returns these instead of failing.
+SELECT stream_id, stream_version, global_position, transaction_id::text AS txid_text, event_id,
+       type, data::text AS data_text, metadata::text AS meta_text, recorded_at
+  FROM events
+ WHERE event_id = ANY(%(ids)s::uuid[])

@@ -1,0 +1,207 @@
+"""The event store: the one door to the log.
+
+Thread callers (actors, the CLI) use the blocking methods; event-loop callers (gateways,
+subscriptions, projection runners) use the ``a``-prefixed coroutines. Appends from both go through
+one :class:`GroupCommitWriter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from eventstore._sql import connect_kwargs, decode_row, load
+from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
+from eventstore.errors import InvalidAppend, StoreUnavailable
+from eventstore.hints import Hints
+from eventstore.migrations import migrate
+from eventstore.projection import Projection
+from eventstore.versions import ANY, NO_STREAM
+from eventstore.writer import AppendResult, GroupCommitWriter, OnCommit
+
+EventFilter = Callable[[RecordedEvent], bool]
+
+
+class EventStore:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "dispach",
+        inline: Sequence[Projection] = (),
+        on_commit: OnCommit | None = None,
+        pool_size: int = 8,
+        writer_queue: int = 10_000,
+        poll_interval: float = 0.25,
+    ) -> None:
+        self.conninfo = conninfo
+        self.schema = schema
+        self.poll_interval = poll_interval
+        self.hints = Hints()
+        kwargs = connect_kwargs(schema)
+        self._pool = psycopg_pool.ConnectionPool(
+            conninfo, min_size=1, max_size=pool_size, kwargs=kwargs, open=False, name="dispach"
+        )
+        self._apool = psycopg_pool.AsyncConnectionPool(
+            conninfo, min_size=1, max_size=pool_size, kwargs=kwargs, open=False, name="dispach-a"
+        )
+        self._writer = GroupCommitWriter(
+            conninfo, schema, inline=inline, on_commit=on_commit, queue_size=writer_queue
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def open(self) -> list[str]:
+        """Apply migrations and start the writer; returns the migrations applied now."""
+        applied = migrate(self.conninfo, self.schema)
+        try:
+            self._pool.open(wait=True, timeout=10)
+        except psycopg_pool.PoolTimeout as e:
+            raise StoreUnavailable(
+                "cannot open connections to Postgres", "check DATABASE_URL and that it is up"
+            ) from e
+        self._writer.start()
+        return applied
+
+    async def aopen(self) -> list[str]:
+        """:meth:`open` from an event loop, plus the pool the coroutine readers use."""
+        applied = await asyncio.to_thread(self.open)
+        await self._apool.open(wait=True, timeout=10)
+        return applied
+
+    def close(self) -> None:
+        self._writer.stop()
+        self._pool.close()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self._writer.stop)
+        await self._apool.close()
+        await asyncio.to_thread(self._pool.close)
+
+    @property
+    def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:
+        return self._pool
+
+    @property
+    def apool(self) -> psycopg_pool.AsyncConnectionPool[psycopg.AsyncConnection[Any]]:
+        return self._apool
+
+    # --- appending -----------------------------------------------------------------------------
+
+    def submit(
+        self, stream: str, events: Sequence[NewEvent], expected_version: int = ANY
+    ) -> Future[AppendResult]:
+        """Queue an append; the future resolves once it is committed (or refused)."""
+        if not events:
+            raise InvalidAppend("an append needs at least one event", "pass one or more events")
+        if expected_version < ANY:
+            raise InvalidAppend(
+                f"expected_version {expected_version} is not a version",
+                "pass a version >= 0, NO_STREAM (-1) or ANY (-2)",
+            )
+        return self._writer.submit(stream, events, expected_version)
+
+    def append(
+        self,
+        stream: str,
+        events: Sequence[NewEvent],
+        expected_version: int = ANY,
+        *,
+        timeout: float = 30.0,
+    ) -> AppendResult:
+        """Append atomically; raises WrongExpectedVersion, EventIdReused or StoreUnavailable."""
+        try:
+            return self.submit(stream, events, expected_version).result(timeout)
+        except FutureTimeout as e:
+            raise StoreUnavailable(
+                f"the append to {stream} was not acknowledged within {timeout:g} s",
+                "the database is slow or down; retry with the same event ids",
+            ) from e
+
+    async def aappend(
+        self, stream: str, events: Sequence[NewEvent], expected_version: int = ANY
+    ) -> AppendResult:
+        return await asyncio.wrap_future(self.submit(stream, events, expected_version))
+
+    # --- reading (threads) ---------------------------------------------------------------------
+
+    def read_stream(
+        self, stream: str, from_version: int = 0, limit: int = 10_000
+    ) -> list[RecordedEvent]:
+        with self._pool.connection() as conn:
+            rows = conn.execute(
+                load("read_stream").encode(),
+                {"stream": stream, "from_version": from_version, "limit": limit},
+            ).fetchall()
+        return [decode_row(r) for r in rows]
+
+    def stream_version(self, stream: str) -> int:
+        """The version of the stream's last event, or NO_STREAM (-1)."""
+        with self._pool.connection() as conn:
+            row = conn.execute(load("head").encode(), {"stream": stream}).fetchone()
+        return NO_STREAM if row is None else int(row[0])
+
+    def read_all(self, after: Checkpoint = START, limit: int = 1000) -> list[RecordedEvent]:
+        """Up to ``limit`` events after ``after``, in checkpoint order, none ever skipped."""
+        with self._pool.connection() as conn:
+            rows = conn.execute(load("read_all").encode(), _page(after, limit)).fetchall()
+        return [decode_row(r) for r in rows]
+
+    def head(self) -> Checkpoint:
+        """The checkpoint of the newest event a reader can see now."""
+        with self._pool.connection() as conn:
+            row = conn.execute(load("log_head").encode()).fetchone()
+        return START if row is None else Checkpoint(int(row[0]), row[1])
+
+    # --- reading (event loop) ------------------------------------------------------------------
+
+    async def aread_stream(
+        self, stream: str, from_version: int = 0, limit: int = 10_000
+    ) -> list[RecordedEvent]:
+        async with self._apool.connection() as conn:
+            cur = await conn.execute(
+                load("read_stream").encode(),
+                {"stream": stream, "from_version": from_version, "limit": limit},
+            )
+            rows = await cur.fetchall()
+        return [decode_row(r) for r in rows]
+
+    async def aread_all(self, after: Checkpoint = START, limit: int = 1000) -> list[RecordedEvent]:
+        async with self._apool.connection() as conn:
+            cur = await conn.execute(load("read_all").encode(), _page(after, limit))
+            rows = await cur.fetchall()
+        return [decode_row(r) for r in rows]
+
+    async def subscribe(
+        self,
+        after: Checkpoint = START,
+        *,
+        where: EventFilter | None = None,
+        batch: int = 1000,
+    ) -> AsyncIterator[RecordedEvent]:
+        """Every event after ``after``, then every new one as it commits, forever.
+
+        Catch-up and live are the same loop: read a page after the last checkpoint; when the page
+        is empty, wait for a commit hint or the poll interval. The caller's checkpoint is the
+        ``checkpoint`` of the last event it processed; resuming from it repeats and misses nothing.
+        """
+        checkpoint = after
+        while True:
+            generation = self.hints.generation
+            page = await self.aread_all(checkpoint, batch)
+            for event in page:
+                checkpoint = event.checkpoint
+                if where is None or where(event):
+                    yield event
+            if len(page) < batch:
+                await self.hints.wait(generation, self.poll_interval)
+
+
+def _page(after: Checkpoint, limit: int) -> dict[str, int]:
+    return {"txid": after.txid, "position": after.position, "limit": limit}

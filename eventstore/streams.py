@@ -1,0 +1,25 @@
+"""Stream names: ``category-id`` (Message DB's convention), one writer per stream."""
+
+from __future__ import annotations
+
+from eventstore.subjects import session_token
+
+
+def category(stream: str) -> str:
+    return stream.split("-", 1)[0]
+
+
+def turn(turn_id: str) -> str:
+    return f"turn-{turn_id}"
+
+
+def session(agent_id: str, session_key: str) -> str:
+    return f"session-{agent_id}-{session_token(session_key)}"
+
+
+def outbox(item_id: str) -> str:
+    return f"outbox-{item_id}"
+
+
+def schedule(agent_id: str, schedule_id: str) -> str:
+    return f"schedule-{agent_id}-{schedule_id}"

@@ -1,0 +1,345 @@
+"""The group-commit writer: appends from every caller of a node share transactions.
+
+One thread owns one connection. It takes what is queued *now* (never waiting on a timer to fill a
+batch: DESIGN.md 7), decides every command against the heads it reads, inserts all accepted events
+with one statement, runs the inline projections, and commits. What arrives during that commit
+forms the next batch. A batch never holds two commands for one stream, so each command is decided
+against the committed head; a conflicting command fails alone and its neighbours commit.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import psycopg
+import structlog
+from psycopg import errors as pgerrors
+
+from eventstore._sql import connect_kwargs, decode_row, load
+from eventstore.envelope import Checkpoint, NewEvent, RecordedEvent
+from eventstore.errors import (
+    EventIdReused,
+    StoreClosed,
+    StoreError,
+    StoreOverloaded,
+    StoreUnavailable,
+    WrongExpectedVersion,
+)
+from eventstore.event import encode_data, type_name
+from eventstore.projection import Projection, run_statements, statements_for
+from eventstore.versions import ANY
+
+log = structlog.get_logger("dispach.writer")
+
+_META = msgspec.json.Encoder()
+_RETRIES = 5
+_RECONNECT_DEADLINE_S = 30.0
+
+
+class AppendResult(msgspec.Struct, frozen=True):
+    """The stored events of one append; ``duplicate`` when they had been stored before."""
+
+    stream: str
+    events: list[RecordedEvent]
+    duplicate: bool = False
+
+    @property
+    def version(self) -> int:
+        """The stream's version after this append (its last event's version)."""
+        return self.events[-1].version
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self.events[-1].checkpoint
+
+
+@dataclass(eq=False)
+class _Command:
+    stream: str
+    events: Sequence[NewEvent]
+    expected: int
+    future: Future[AppendResult] = field(default_factory=Future)
+
+
+_STOP = object()
+
+
+class _Redecide(Exception):
+    """A refused command became acceptable while the batch was being decided."""
+
+OnCommit = Callable[[Sequence[RecordedEvent]], None]
+
+
+class GroupCommitWriter:
+    def __init__(
+        self,
+        conninfo: str,
+        schema: str,
+        *,
+        inline: Sequence[Projection] = (),
+        on_commit: OnCommit | None = None,
+        queue_size: int = 10_000,
+        max_batch: int = 512,
+    ) -> None:
+        self._conninfo = conninfo
+        self._schema = schema
+        self._inline = tuple(inline)
+        self._on_commit = on_commit
+        self._queue: queue.Queue[_Command | object] = queue.Queue(queue_size)
+        self._capacity = queue_size
+        self._max_batch = max_batch
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="dispach-writer", daemon=True)
+        self._closed = False
+        self.batches = 0
+        self.commands = 0
+
+    def start(self) -> None:
+        self._conn = self._connect()
+        self._thread.start()
+
+    def submit(self, stream: str, events: Sequence[NewEvent], expected: int) -> Future[AppendResult]:
+        if self._closed:
+            raise StoreClosed
+        command = _Command(stream, events, expected)
+        try:
+            self._queue.put_nowait(command)
+        except queue.Full:
+            raise StoreOverloaded(self._queue.qsize(), self._capacity) from None
+        return command.future
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Commit what is queued, then stop. Appends submitted afterwards fail with StoreClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread.is_alive():
+            self._queue.put(_STOP, timeout=timeout)
+            self._thread.join(timeout)
+        if self._conn is not None:
+            self._conn.close()
+
+    # --- the writer thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backlog: deque[_Command] = deque()
+        stopping = False
+        while not (stopping and not backlog):
+            batch, streams, carry = [], set(), []
+            while len(batch) < self._max_batch:
+                item: _Command | object
+                if backlog:
+                    item = backlog.popleft()
+                elif batch or stopping:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                else:
+                    item = self._queue.get()
+                if item is _STOP:
+                    stopping = True
+                    continue
+                assert isinstance(item, _Command)
+                if item.stream in streams:
+                    carry.append(item)
+                else:
+                    streams.add(item.stream)
+                    batch.append(item)
+            backlog.extendleft(reversed(carry))
+            if batch:
+                self._commit(batch)
+
+    def _commit(self, batch: list[_Command]) -> None:
+        deadline = time.monotonic() + _RECONNECT_DEADLINE_S
+        attempt = 0
+        careful = False
+        while True:
+            attempt += 1
+            try:
+                outcomes, committed = self._try(batch, careful=careful)
+                break
+            except (pgerrors.UniqueViolation, _Redecide):
+                # Another transaction appended to one of our streams after we read its head, or
+                # an event id is already stored (a retried append): decide again, looking first.
+                self._rollback()
+                careful = True
+                if attempt < _RETRIES:
+                    continue
+                return self._isolate(batch)
+            except psycopg.OperationalError as e:
+                # The connection broke, maybe after COMMIT reached the server. Retrying is safe:
+                # stored event ids come back as duplicates with their original positions.
+                if time.monotonic() > deadline:
+                    return self._fail(batch, _unavailable(e))
+                log.warning("writer_reconnect", error=str(e), attempt=attempt)
+                time.sleep(min(0.05 * attempt, 1.0))
+                self._reconnect()
+            except psycopg.Error as e:
+                self._rollback()
+                if len(batch) == 1:
+                    return self._fail(batch, _rejected(e))
+                return self._isolate(batch)
+        for command in batch:
+            outcome = outcomes[command]
+            if isinstance(outcome, StoreError):
+                command.future.set_exception(outcome)
+            else:
+                command.future.set_result(outcome)
+        self.batches += 1
+        self.commands += len(batch)
+        if committed and self._on_commit is not None:
+            try:
+                self._on_commit(committed)
+            except Exception:
+                log.exception("on_commit_failed")
+        return None
+
+    def _isolate(self, batch: list[_Command]) -> None:
+        """Commit each command alone, so one bad command fails by itself."""
+        for command in batch:
+            self._commit([command])
+
+    def _try(
+        self, batch: list[_Command], *, careful: bool
+    ) -> tuple[dict[_Command, AppendResult | StoreError], list[RecordedEvent]]:
+        conn = self._conn
+        assert conn is not None
+        outcomes: dict[_Command, AppendResult | StoreError] = {}
+        committed: list[RecordedEvent] = []
+        with conn.cursor() as cur:
+            if careful:
+                outcomes.update(self._explain(cur, batch, careful=True))
+            todo = [c for c in batch if c not in outcomes]
+            stored = self._insert(cur, todo) if todo else {}
+            refused = [c for c in todo if c.events[0].event_id not in stored]
+            if refused:
+                outcomes.update(self._explain(cur, refused, careful=False))
+            for command in todo:
+                if command in outcomes:
+                    continue
+                recorded = []
+                for new in command.events:
+                    position, version, txid, at = stored[new.event_id]
+                    recorded.append(
+                        RecordedEvent(command.stream, version, position, int(txid),
+                                      new.event_id, type_name(new.event), new.event,
+                                      new.metadata, at)
+                    )
+                outcomes[command] = AppendResult(command.stream, recorded)
+                committed.extend(recorded)
+            statements = statements_for(self._inline, committed)
+            # The projection updates and the COMMIT travel in one round trip.
+            with conn.pipeline():
+                run_statements(cur, statements)
+                conn.commit()
+        return outcomes, committed
+
+    def _insert(self, cur: psycopg.Cursor[Any], commands: list[_Command]) -> dict[uuid.UUID, Any]:
+        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+        streams, expected, ords, ids, types, datas, metas = columns
+        for command in commands:
+            for order, new in enumerate(command.events):
+                streams.append(command.stream)
+                expected.append(command.expected)
+                ords.append(order)
+                ids.append(new.event_id)
+                types.append(type_name(new.event))
+                datas.append(encode_data(new.event).decode())
+                metas.append(_META.encode(new.metadata).decode())
+        cur.execute(
+            load("append").encode(),
+            {"streams": streams, "expected": expected, "ords": ords, "ids": ids,
+             "types": types, "datas": datas, "metas": metas},
+        )
+        return {row[0]: row[1:] for row in cur.fetchall()}
+
+    def _explain(
+        self, cur: psycopg.Cursor[Any], commands: list[_Command], *, careful: bool
+    ) -> dict[_Command, AppendResult | StoreError]:
+        """Decide commands from the stored heads and ids: a retry of stored events answered
+        with the originals, or a version conflict. ``careful`` leaves acceptable commands out
+        (they are inserted next); otherwise an acceptable one means the stream moved under us."""
+        cur.execute(load("heads").encode(), {"streams": [c.stream for c in commands]})
+        heads = {stream: (-1 if head is None else head) for stream, head in cur.fetchall()}
+        cur.execute(
+            load("existing").encode(), {"ids": [e.event_id for c in commands for e in c.events]}
+        )
+        existing = {row[4]: decode_row(row) for row in cur.fetchall()}
+        explained: dict[_Command, AppendResult | StoreError] = {}
+        for command in commands:
+            outcome = _decide(command, heads[command.stream], existing)
+            if not isinstance(outcome, int):
+                explained[command] = outcome
+            elif not careful:
+                raise _Redecide
+        return explained
+
+    def _fail(self, batch: list[_Command], error: StoreError) -> None:
+        for command in batch:
+            command.future.set_exception(error)
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self._conninfo, **connect_kwargs(self._schema))
+        except psycopg.OperationalError as e:
+            raise _unavailable(e) from e
+
+    def _reconnect(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        try:
+            self._conn = psycopg.connect(self._conninfo, **connect_kwargs(self._schema))
+        except psycopg.OperationalError as e:
+            log.warning("writer_reconnect_failed", error=str(e))
+
+    def _rollback(self) -> None:
+        if self._conn is not None and not self._conn.closed:
+            self._conn.rollback()
+
+
+def _decide(
+    command: _Command, head: int, existing: dict[uuid.UUID, RecordedEvent]
+) -> int | AppendResult | StoreError:
+    """The version to append after, the original events of a retried append, or the error."""
+    found = [existing.get(e.event_id) for e in command.events]
+    if any(f is not None for f in found):
+        for new, old in zip(command.events, found, strict=True):
+            if old is None:
+                return EventIdReused(command.stream, str(new.event_id), "only part of the batch")
+            if old.stream != command.stream or old.type != type_name(new.event):
+                return EventIdReused(
+                    command.stream, str(new.event_id), f"as {old.type} in {old.stream}"
+                )
+        versions = [f.version for f in found if f is not None]
+        if versions != list(range(versions[0], versions[0] + len(versions))):
+            return EventIdReused(command.stream, str(command.events[0].event_id), "out of order")
+        return AppendResult(command.stream, [f for f in found if f is not None], duplicate=True)
+    if command.expected not in (ANY, head):
+        return WrongExpectedVersion(command.stream, command.expected, head)
+    return head
+
+
+def _unavailable(e: psycopg.Error) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"cannot write to Postgres: {e}".strip(),
+        "the append was not acknowledged; retry it with the same event ids (retries are "
+        "idempotent)",
+    )
+
+
+def _rejected(e: psycopg.Error) -> StoreError:
+    diag = e.diag
+    return StoreError(
+        f"Postgres refused the append: {diag.message_primary or e}",
+        diag.message_hint or "this is a bug in the caller or in a projection; see the node's log",
+    )

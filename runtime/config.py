@@ -1,0 +1,117 @@
+"""Node settings, read from the environment only (the same in a shell, CI and compose.yaml)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+import msgspec
+
+from runtime.errors import ConfigError
+
+DEFAULT_PORT = 7420
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    home: Path
+    """Data directory: embedded Postgres and NATS data, agent manifests (DISPACH_HOME)."""
+    database_url: str | None = None
+    """External Postgres; unset starts the embedded one (DATABASE_URL)."""
+    nats_url: str | None = None
+    """External NATS with JetStream; unset starts the embedded one (NATS_URL)."""
+    schema: str = "dispach"
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    tokens: tuple[str, ...] = ()
+    """Bearer tokens accepted by the API (DISPACH_API_TOKEN, comma-separated for several)."""
+    node_id: str = ""
+    log_format: str = "auto"
+    log_level: str = "info"
+    pool_size: int = 8
+    writer_queue: int = 10_000
+    drain_seconds: float = 10.0
+
+    @property
+    def embedded_postgres(self) -> bool:
+        return self.database_url is None
+
+    @property
+    def embedded_nats(self) -> bool:
+        return self.nats_url is None
+
+    @property
+    def loopback(self) -> bool:
+        return is_loopback(self.host)
+
+
+def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    """Build and validate settings from ``env`` (default: the process environment)."""
+    env = os.environ if env is None else env
+    values: dict[str, object] = {
+        "home": Path(env.get("DISPACH_HOME") or "~/.dispach").expanduser(),
+        "database_url": env.get("DATABASE_URL") or None,
+        "nats_url": env.get("NATS_URL") or None,
+        "schema": env.get("DISPACH_DB_SCHEMA", "dispach"),
+        "host": env.get("DISPACH_HOST", "127.0.0.1"),
+        "port": _int(env, "DISPACH_PORT", DEFAULT_PORT),
+        "tokens": tuple(t.strip() for t in env.get("DISPACH_API_TOKEN", "").split(",") if t.strip()),
+        "node_id": env.get("DISPACH_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}",
+        "log_format": env.get("DISPACH_LOG_FORMAT", "auto"),
+        "log_level": env.get("DISPACH_LOG_LEVEL", "info"),
+        "pool_size": _int(env, "DISPACH_PG_POOL", 8),
+        "writer_queue": _int(env, "DISPACH_WRITER_QUEUE", 10_000),
+        "drain_seconds": float(_int(env, "DISPACH_DRAIN_SECONDS", 10)),
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    settings = Settings(**values)  # type: ignore[arg-type]
+    validate(settings)
+    return settings
+
+
+def validate(settings: Settings) -> None:
+    if settings.log_format not in ("auto", "json", "console"):
+        raise ConfigError(
+            f"DISPACH_LOG_FORMAT={settings.log_format!r} is not a log format",
+            "use json, console or auto (console on a terminal, json otherwise)",
+            "DISPACH_LOG_FORMAT",
+        )
+    if not 0 < settings.port < 65536:
+        raise ConfigError(
+            f"DISPACH_PORT={settings.port} is not a TCP port", "use 1-65535", "DISPACH_PORT"
+        )
+    if not settings.loopback and not settings.tokens:
+        raise ConfigError(
+            f"refusing to listen on {settings.host} without an API token",
+            "set DISPACH_API_TOKEN (or bind 127.0.0.1); only loopback may run without a token",
+            "DISPACH_API_TOKEN",
+        )
+    for token in settings.tokens:
+        if len(token) < 16:
+            raise ConfigError(
+                "an API token is shorter than 16 characters",
+                "use a long random token, e.g. `python -c 'import secrets;"
+                " print(secrets.token_urlsafe(32))'`",
+                "DISPACH_API_TOKEN",
+            )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number", f"set {name} to a number", name) from None

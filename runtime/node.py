@@ -1,0 +1,212 @@
+"""A Dispach node: embedded or external Postgres and NATS, the event store, projection runners,
+the actor host, and the HTTP gateway, started in order and drained in reverse."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from typing import Any
+
+import nats
+import nats.aio.client
+import nats.errors
+import structlog
+import uvicorn
+
+from actors import ActorHost, Portal
+from eventstore import ASYNC, INLINE, EventStore, NatsHints, ProjectionRunner, RecordedEvent
+from gateways import create_app
+from runtime.config import Settings
+from runtime.embedded import EmbeddedServices
+from runtime.errors import RuntimeFailure
+from runtime.logs import redact_url
+
+log = structlog.get_logger("dispach.node")
+
+
+class Node:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.services = EmbeddedServices(settings.home, settings.database_url, settings.nats_url)
+        self.actors = ActorHost()
+        self.store: EventStore | None = None
+        self.nc: nats.aio.client.Client | None = None
+        self._hints: NatsHints | None = None
+        self._portal: Portal | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._phase = "starting"
+        self._started = time.monotonic()
+
+    # --- NodeStatus (read by the gateway) ------------------------------------------------------
+
+    def uptime_ms(self) -> int:
+        return int((time.monotonic() - self._started) * 1000)
+
+    def readiness(self) -> tuple[bool, str, dict[str, bool]]:
+        checks = {
+            "postgres": self.store is not None,
+            "nats": self.nc is not None and self.nc.is_connected,
+            "projections": bool(self._tasks) and not any(t.done() for t in self._tasks),
+        }
+        return self._phase == "ready" and all(checks.values()), self._phase, checks
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._portal = Portal(loop)
+        if self.services.needed:
+            await asyncio.to_thread(self.services.start)
+        database_url, nats_url = self.services.database_url, self.services.nats_url
+        assert database_url is not None and nats_url is not None
+        self.nc = await nats.connect(
+            nats_url,
+            name=f"dispach-{self.node_id}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=_nats_error,
+            disconnected_cb=_nats_disconnected,
+            reconnected_cb=_nats_reconnected,
+        )
+        store = EventStore(
+            database_url,
+            schema=self.settings.schema,
+            inline=INLINE,
+            on_commit=self._on_commit,
+            pool_size=self.settings.pool_size,
+            writer_queue=self.settings.writer_queue,
+        )
+        self._hints = NatsHints(self.nc, store.hints)
+        await self._hints.start()
+        applied = await store.aopen()
+        self.store = store
+        for projection in ASYNC:
+            runner = ProjectionRunner(store, projection)
+            self._tasks.append(asyncio.create_task(runner.run(), name=f"projection-{runner.name}"))
+        self._phase = "ready"
+        log.info(
+            "node_ready",
+            node=self.node_id,
+            postgres=redact_url(database_url),
+            postgres_embedded=self.settings.embedded_postgres,
+            nats=redact_url(nats_url),
+            nats_embedded=self.settings.embedded_nats,
+            schema=self.settings.schema,
+            migrations_applied=applied,
+            startup_ms=self.uptime_ms(),
+        )
+
+    def _on_commit(self, committed: list[RecordedEvent] | Any) -> None:
+        # Runs on the writer thread, right after a commit: hand the hint to the loop.
+        if self._portal is not None and self._hints is not None:
+            self._portal.spawn(self._hints.publish(committed))
+
+    async def stop(self) -> None:
+        """Drain: refuse new work, stop actors, flush the writer, then close connections and
+        stop embedded services. Safe to call whatever ``start`` reached."""
+        self._phase = "draining"
+        timeout = self.settings.drain_seconds
+        await asyncio.to_thread(self.actors.stop, timeout)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.store is not None:
+            await self.store.aclose()
+            self.store = None
+        if self._hints is not None:
+            await self._hints.stop()
+        if self.nc is not None:
+            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                await asyncio.wait_for(self.nc.drain(), timeout)
+            self.nc = None
+        await asyncio.to_thread(self.services.stop)
+        self._phase = "stopped"
+        log.info("node_stopped", node=self.node_id)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the node owns SIGTERM/SIGINT (uvicorn would
+    re-raise the signal after shutdown, which turns a clean drain into exit status 143)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+async def serve(settings: Settings) -> int:
+    """Run a node until SIGTERM or SIGINT; returns the process exit status."""
+    node = Node(settings)
+    if node.services.needed:
+        # Refuse a data directory another node holds before binding anything.
+        node.services.datadir.lock()
+    config = uvicorn.Config(
+        create_app(node),
+        host=settings.host,
+        port=settings.port,
+        loop="none",
+        http="httptools",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=max(1, int(settings.drain_seconds)),
+    )
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    status = 0
+    starting = asyncio.create_task(node.start(), name="node-start")
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("signal", signal=sig.name, action="drain")
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+        starting.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    def on_started(task: asyncio.Task[None]) -> None:
+        nonlocal status
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            status = 1
+            if isinstance(error, RuntimeFailure):
+                log.error("node_start_failed", code=error.code, error=error.message, hint=error.hint)
+            else:
+                log.error("node_start_failed", exc_info=error)
+            server.should_exit = True
+
+    starting.add_done_callback(on_started)
+    try:
+        await server.serve()
+        if not server.started and status == 0:
+            status = 1  # could not bind (uvicorn logged why)
+    finally:
+        if not starting.done():
+            starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        await node.stop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    return status
+
+
+async def _nats_error(e: Exception) -> None:
+    log.warning("nats_error", error=str(e))
+
+
+async def _nats_disconnected() -> None:
+    log.warning("nats_disconnected")
+
+
+async def _nats_reconnected() -> None:
+    log.info("nats_reconnected")

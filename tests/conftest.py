@@ -1,0 +1,121 @@
+"""Shared fixtures: real Postgres and real NATS for every test.
+
+By default the suite starts the embedded ones (the same code ``dispach serve`` uses) once per
+session in a temporary data directory. ``DISPACH_TEST_DATABASE_URL`` / ``DISPACH_TEST_NATS_URL``
+point it at external servers instead. Every test gets its own Postgres schema, so tests never see
+each other's events (the log is append-only: nothing could be cleaned up between tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import nats.aio.client
+import psycopg
+import pytest
+import pytest_asyncio
+from psycopg import sql
+
+from eventstore import INLINE, EventStore, NatsHints, RecordedEvent
+from runtime.embedded import EmbeddedServices
+
+
+class Servers:
+    def __init__(self, database_url: str, nats_url: str) -> None:
+        self.database_url = database_url
+        self.nats_url = nats_url
+
+
+@pytest.fixture(scope="session")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    database_url = os.environ.get("DISPACH_TEST_DATABASE_URL") or None
+    nats_url = os.environ.get("DISPACH_TEST_NATS_URL") or None
+    services = EmbeddedServices(tmp_path_factory.mktemp("servers"), database_url, nats_url)
+    services.start()
+    try:
+        assert services.database_url is not None and services.nats_url is not None
+        yield Servers(services.database_url, services.nats_url)
+    finally:
+        services.stop()
+
+
+@pytest.fixture
+def schema(servers: Servers) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(servers.database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def store(servers: Servers, schema: str) -> Iterator[EventStore]:
+    """A store for thread callers (no event loop): polling only, no hints."""
+    store = EventStore(servers.database_url, schema=schema, inline=INLINE)
+    store.open()
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+ConnectFactory = Callable[..., psycopg.Connection[tuple[Any, ...]]]
+
+
+@pytest.fixture
+def connect(servers: Servers, schema: str) -> Iterator[ConnectFactory]:
+    """Raw connections into the test's schema, for what the store must refuse or survive."""
+    opened: list[psycopg.Connection[tuple[Any, ...]]] = []
+
+    def factory(autocommit: bool = False) -> psycopg.Connection[tuple[Any, ...]]:
+        conn = psycopg.connect(
+            servers.database_url, autocommit=autocommit, options=f"-c search_path={schema}"
+        )
+        opened.append(conn)
+        return conn
+
+    yield factory
+    for conn in opened:
+        conn.close()
+
+
+class LiveStore:
+    """A store wired like a node's: commit hints published on NATS and received back."""
+
+    def __init__(self, store: EventStore, nc: nats.aio.client.Client, hints: NatsHints) -> None:
+        self.store = store
+        self.nc = nc
+        self.hints = hints
+
+
+@pytest_asyncio.fixture
+async def live(servers: Servers, schema: str) -> AsyncIterator[LiveStore]:
+    loop = asyncio.get_running_loop()
+    nc = await nats.connect(servers.nats_url)
+    holder: list[NatsHints] = []
+
+    def on_commit(committed: list[RecordedEvent]) -> None:
+        asyncio.run_coroutine_threadsafe(holder[0].publish(committed), loop)
+
+    store = EventStore(
+        servers.database_url, schema=schema, inline=INLINE, on_commit=on_commit,
+        poll_interval=30.0,  # long: a test that sees an event promptly was woken by its hint
+    )  # fmt: skip
+    hints = NatsHints(nc, store.hints)
+    holder.append(hints)
+    await hints.start()
+    await store.aopen()
+    try:
+        yield LiveStore(store, nc, hints)
+    finally:
+        await store.aclose()
+        await hints.stop()
+        await nc.close()
+
+
+ROOT = Path(__file__).resolve().parent.parent

@@ -1,0 +1,187 @@
+"""Appending: optimistic concurrency, idempotent ids, the append-only table, group commit."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import psycopg
+import pytest
+
+from eventstore import (
+    ANY,
+    NO_STREAM,
+    EventIdReused,
+    EventStore,
+    InvalidAppend,
+    Metadata,
+    NewEvent,
+    WrongExpectedVersion,
+)
+from eventstore.catalogue import ModelChunk, TurnStart
+from tests.conftest import ConnectFactory, Servers
+
+
+def chunk(text: str, **ids: str) -> NewEvent:
+    return NewEvent(event=ModelChunk(delta=text), metadata=Metadata(**ids))
+
+
+def count(connect: ConnectFactory, stream: str | None = None) -> int:
+    with connect() as conn:
+        if stream is None:
+            row = conn.execute("SELECT count(*) FROM events").fetchone()
+        else:
+            row = conn.execute("SELECT count(*) FROM events WHERE stream_id = %s", [stream]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_versions_start_at_zero_and_follow_the_expected_version(store: EventStore) -> None:
+    first = store.append("turn-a", [chunk("a"), chunk("b")], NO_STREAM)
+    assert [e.version for e in first.events] == [0, 1]
+    second = store.append("turn-a", [chunk("c")], 1)
+    assert second.version == 2
+    assert store.stream_version("turn-a") == 2
+    assert store.stream_version("turn-none") == NO_STREAM
+    assert [e.data for e in store.read_stream("turn-a")] == [
+        ModelChunk(delta="a"), ModelChunk(delta="b"), ModelChunk(delta="c")
+    ]  # fmt: skip
+
+
+def test_a_stale_expected_version_is_refused_with_code_and_hint(store: EventStore) -> None:
+    store.append("turn-b", [chunk("a")], NO_STREAM)
+    with pytest.raises(WrongExpectedVersion) as caught:
+        store.append("turn-b", [chunk("b")], NO_STREAM)
+    error = caught.value
+    assert (error.code, error.stream, error.expected, error.actual) == (
+        "wrong_expected_version", "turn-b", -1, 0
+    )  # fmt: skip
+    assert "reload" in error.hint
+    with pytest.raises(WrongExpectedVersion):
+        store.append("turn-b", [chunk("b")], 5)  # ahead of the stream: would leave a gap
+
+
+def test_two_stores_racing_on_one_stream_one_wins_and_nothing_is_half_written(
+    servers: Servers, schema: str, store: EventStore, connect: ConnectFactory
+) -> None:
+    other = EventStore(servers.database_url, schema=schema)
+    other.open()
+    try:
+        for round_ in range(30):
+            stream = f"session-race-{round_}"
+            store.append(stream, [chunk("seed")], NO_STREAM)
+            barrier = threading.Barrier(2)
+
+            def attempt(s: EventStore, who: str) -> str:
+                barrier.wait()
+                try:
+                    s.append(stream, [chunk(f"{who}-1"), chunk(f"{who}-2"), chunk(f"{who}-3")], 0)
+                except WrongExpectedVersion:
+                    return "lost"
+                return "won"
+
+            with ThreadPoolExecutor(2) as pool:
+                outcomes = sorted(pool.map(attempt, [store, other], ["x", "y"]))
+            assert outcomes == ["lost", "won"]
+            events = store.read_stream(stream)
+            assert [e.version for e in events] == [0, 1, 2, 3]
+            writers = {e.data.delta.split("-")[0] for e in events[1:]}  # type: ignore[union-attr]
+            assert len(writers) == 1  # all three events of the winner, none of the loser
+    finally:
+        other.close()
+
+
+def test_racing_commands_in_one_batch_are_decided_one_after_the_other(store: EventStore) -> None:
+    futures = [store.submit("turn-c", [chunk(str(i))], NO_STREAM) for i in range(20)]
+    won = [f for f in futures if f.exception() is None]
+    lost = [f.exception() for f in futures if f.exception() is not None]
+    assert len(won) == 1
+    assert all(isinstance(e, WrongExpectedVersion) for e in lost)
+    assert store.stream_version("turn-c") == 0
+
+
+def test_reappending_the_same_ids_returns_the_original_positions_and_writes_nothing(
+    store: EventStore, connect: ConnectFactory
+) -> None:
+    events = [chunk("a"), chunk("b")]
+    original = store.append("turn-d", events, NO_STREAM)
+    store.append("turn-d", [chunk("c")], ANY)
+    before = count(connect)
+    again = store.append("turn-d", events, NO_STREAM)  # the stale version does not matter
+    assert again.duplicate
+    assert [(e.position, e.version, e.event_id) for e in again.events] == [
+        (e.position, e.version, e.event_id) for e in original.events
+    ]
+    assert count(connect) == before
+
+
+def test_an_event_id_reused_for_another_event_is_refused(store: EventStore) -> None:
+    event = chunk("a")
+    store.append("turn-e", [event], NO_STREAM)
+    with pytest.raises(EventIdReused):
+        store.append("turn-f", [event], NO_STREAM)  # same id, another stream
+    with pytest.raises(EventIdReused):
+        store.append("turn-e", [event, chunk("b")], ANY)  # a retry with extra events
+
+
+def test_events_can_be_neither_updated_nor_deleted_nor_truncated(
+    store: EventStore, connect: ConnectFactory
+) -> None:
+    store.append("turn-g", [chunk("a")], NO_STREAM)
+    for statement in (
+        "UPDATE events SET type = 'x'",
+        "DELETE FROM events",
+        "DELETE FROM events WHERE false",
+        "TRUNCATE events",
+    ):
+        with connect() as conn, pytest.raises(psycopg.errors.RestrictViolation) as caught:
+            conn.execute(statement.encode())
+        assert "append-only" in str(caught.value)
+    assert count(connect, "turn-g") == 1
+
+
+def test_invalid_appends_are_refused_before_reaching_the_writer(store: EventStore) -> None:
+    with pytest.raises(InvalidAppend):
+        store.append("turn-h", [])
+    with pytest.raises(InvalidAppend):
+        store.append("turn-h", [chunk("a")], -7)
+
+
+def test_one_conflicting_command_fails_alone_in_its_batch(store: EventStore) -> None:
+    store.append("turn-i", [chunk("seed")], NO_STREAM)
+    good = [store.submit(f"turn-ok-{i}", [chunk("a")], NO_STREAM) for i in range(50)]
+    bad = store.submit("turn-i", [chunk("b")], NO_STREAM)
+    assert all(f.result(10).version == 0 for f in good)
+    assert isinstance(bad.exception(10), WrongExpectedVersion)
+
+
+def test_a_command_postgres_refuses_fails_alone(store: EventStore) -> None:
+    # A NUL character cannot be stored in jsonb: Postgres refuses it, the writer isolates it.
+    good = [store.submit(f"turn-n-{i}", [chunk("fine")], NO_STREAM) for i in range(10)]
+    bad = store.submit("turn-nul", [chunk("nul\u0000")], NO_STREAM)
+    error = bad.exception(10)
+    assert error is not None and getattr(error, "code", None) == "store_error"
+    assert all(f.result(10).version == 0 for f in good)
+    assert store.append("turn-after", [chunk("still writing")]).version == 0
+
+
+def test_concurrent_appends_share_transactions(store: EventStore) -> None:
+    with ThreadPoolExecutor(32) as pool:
+        results = list(
+            pool.map(lambda i: store.append(f"turn-gc-{i}", [chunk("x")], NO_STREAM), range(2000))
+        )
+    assert len({r.events[0].position for r in results}) == 2000
+    txids = {r.events[0].txid for r in results}
+    assert len(txids) < 2000  # some appends shared a transaction (group commit)
+
+
+def test_metadata_and_ids_round_trip(store: EventStore) -> None:
+    event_id = uuid.uuid4()
+    meta = Metadata(agent_id="ag", session_key="api:default", turn_id="t1", step_id="s1")
+    store.append(
+        "turn-t1", [NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta, event_id=event_id)]
+    )
+    [stored] = store.read_stream("turn-t1")
+    assert (stored.event_id, stored.metadata, stored.type) == (event_id, meta, "turn.start")
+    assert stored.data == TurnStart(source="api", input="hi")

@@ -1,0 +1,133 @@
+"""Projections: maintained live (inline and asynchronous) equal rebuilt from the log."""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import pytest
+
+from eventstore import (
+    ASYNC,
+    INLINE,
+    EventStore,
+    Metadata,
+    NewEvent,
+    ProjectionRunner,
+    SessionsProjection,
+    TurnsProjection,
+    rebuild,
+)
+from eventstore.catalogue import (
+    ApprovalRequested,
+    ApprovalResolved,
+    ErrorDetail,
+    ModelResult,
+    SessionCleared,
+    Tokens,
+    TurnAttempt,
+    TurnEnd,
+    TurnStart,
+)
+from eventstore.event import Event
+from tests.conftest import ConnectFactory
+
+
+def snapshot(connect: ConnectFactory, table: str, key: str) -> list[tuple[Any, ...]]:
+    with connect() as conn:
+        return conn.execute(f"SELECT * FROM {table} ORDER BY {key}".encode()).fetchall()
+
+
+def a_turn(rng: random.Random, n: int) -> tuple[str, list[NewEvent]]:
+    turn_id = f"t_{n}"
+    meta = Metadata(agent_id=rng.choice(["a", "b"]), session_key=f"s{rng.randint(0, 4)}", turn_id=turn_id)
+    events: list[Event] = [TurnStart(source="api", input=f"question {n}"), TurnAttempt(attempt=1, node="n1")]
+    for _ in range(rng.randint(0, 3)):
+        if rng.random() < 0.2:
+            events += [ApprovalRequested(approval_id="ap", slug="x", call_id="c", mutating=True, reason="ask"),
+                       ApprovalResolved(approval_id="ap", slug="x", granted=True, by="approver")]
+        events.append(ModelResult(output_tokens=rng.randint(1, 99), prompt_tokens=rng.randint(100, 999),
+                                  finish_reason="end_turn", latency_ms=5, cache_read_tokens=rng.randint(0, 9)))
+    if rng.random() < 0.8:
+        error = ErrorDetail(code="model_error", message="m", hint="h") if rng.random() < 0.3 else None
+        events.append(TurnEnd(reason="error" if error else "final", steps=3, tokens=Tokens(prompt=5, output=6),
+                              duration_ms=rng.randint(1, 999), text="answer", error=error))
+    return f"turn-{turn_id}", [NewEvent(event=e, metadata=meta) for e in events]  # fmt: skip
+
+
+@pytest.mark.asyncio
+async def test_a_rebuilt_projection_equals_the_live_one(
+    store: EventStore, connect: ConnectFactory
+) -> None:
+    seed = int(os.environ.get("DISPACH_SEED") or random.randrange(2**32))
+    print(f"DISPACH_SEED={seed}")
+    rng = random.Random(seed)
+    await store.apool.open()
+    runner = ProjectionRunner(store, SessionsProjection(), batch=rng.randint(5, 50))
+    for n in range(120):
+        stream, events = a_turn(rng, n)
+        cut = rng.randint(1, len(events))  # a turn's events arrive over several appends
+        store.append(stream, events[:cut])
+        if cut < len(events):
+            store.append(stream, events[cut:])
+        if rng.random() < 0.05:
+            meta = Metadata(agent_id="a", session_key=f"s{rng.randint(0, 4)}")
+            store.append("session-a-x", [NewEvent(event=SessionCleared(by="test"), metadata=meta)])
+        if rng.random() < 0.2:
+            await runner.catch_up()
+    await runner.catch_up()
+    live_turns = snapshot(connect, "turns", "turn_id")
+    live_sessions = snapshot(connect, "sessions", "agent_id, session_key")
+    assert len(live_turns) == 120 and live_sessions
+
+    with store.pool.connection() as conn:
+        rebuild(conn, TurnsProjection(), inline=True)
+        rebuild(conn, SessionsProjection(), inline=False)
+    assert snapshot(connect, "sessions", "agent_id, session_key") == []
+    await ProjectionRunner(store, SessionsProjection()).catch_up()
+    assert snapshot(connect, "turns", "turn_id") == live_turns, f"DISPACH_SEED={seed}"
+    assert snapshot(connect, "sessions", "agent_id, session_key") == live_sessions
+    await store.apool.close()
+
+
+def test_the_turn_resource_follows_the_turn(store: EventStore, connect: ConnectFactory) -> None:
+    meta = Metadata(agent_id="a", session_key="api:default", turn_id="t_9")
+    store.append("turn-t_9", [NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta)])
+    [row] = snapshot(connect, "turns", "turn_id")
+    assert row[5:7] == ("running", "accepted")
+    store.append("turn-t_9", [
+        NewEvent(event=ModelResult(output_tokens=7, prompt_tokens=70, finish_reason="end_turn",
+                                   latency_ms=3), metadata=meta),
+        NewEvent(event=TurnEnd(reason="max_steps", steps=1, tokens=Tokens(prompt=70, output=7),
+                               duration_ms=9, text="partial"), metadata=meta),
+    ])  # fmt: skip
+    with connect() as conn:
+        status, state, steps, text, duration = conn.execute(
+            "SELECT status, state, steps, text, duration_ms FROM turns WHERE turn_id = 't_9'"
+        ).fetchone() or ()
+    assert (status, state, steps, text, duration) == ("max_steps", "ended", 1, "partial", 9)
+
+
+@pytest.mark.asyncio
+async def test_two_runners_apply_each_batch_once(store: EventStore, connect: ConnectFactory) -> None:
+    await store.apool.open()
+    rng = random.Random(7)
+    for n in range(60):
+        stream, events = a_turn(rng, n)
+        store.append(stream, events)
+    one, two = (ProjectionRunner(store, SessionsProjection(), batch=7) for _ in range(2))
+    import asyncio
+
+    await asyncio.gather(one.catch_up(), two.catch_up())
+    racing = snapshot(connect, "sessions", "agent_id, session_key")
+    with store.pool.connection() as conn:
+        rebuild(conn, SessionsProjection(), inline=False)
+    await one.catch_up()
+    assert snapshot(connect, "sessions", "agent_id, session_key") == racing
+    await store.apool.close()
+
+
+def test_every_projection_is_inline_or_async_once() -> None:
+    names = [p.name for p in (*INLINE, *ASYNC)]
+    assert sorted(names) == sorted(set(names)) == ["sessions", "turns"]
