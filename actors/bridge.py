@@ -36,4 +36,5 @@ class Portal:
     @staticmethod
     async def wait(future: pykka.Future[T], timeout: float) -> T:
         """On the loop: wait for a pykka future without blocking the loop."""
-        return await asyncio.get_running_loop().run_in_executor(None, future.get, timeout)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, lambda: future.get(timeout=timeout))

@@ -15,7 +15,9 @@ class ActorHost:
         self._refs: list[pykka.ActorRef[Any]] = []
         self.stopping = False
 
-    def start(self, actor_class: type[pykka.Actor], *args: Any, **kwargs: Any) -> pykka.ActorRef[Any]:
+    def start(
+        self, actor_class: type[pykka.Actor], *args: Any, **kwargs: Any
+    ) -> pykka.ActorRef[Any]:
         if self.stopping:
             raise RuntimeError("the actor host is stopping; no new actors")
         ref: pykka.ActorRef[Any] = actor_class.start(*args, **kwargs)

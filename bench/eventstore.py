@@ -41,9 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -618,11 +616,7 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
                 f"{t.commands_per_batch:.1f} appends per commit, "
                 f"{t.rate / raw.single_rate:.2f}x raw single-row commits"
             )
-            goal = (
-                Goal(">= 3x baseline", lambda o, b: o >= 3 * b)
-                if writers == 64
-                else None
-            )
+            goal = Goal(">= 3x baseline", lambda o, b: o >= 3 * b) if writers == 64 else None
             lines.append(
                 line(f"append throughput, {writers} writer(s), events/s", t.rate,
                      raw.single_rate, rate, goal)
@@ -640,7 +634,9 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
         section(f"3b. catch-up reads (pages of {PAGE})")
         print(f"plan: {await asyncio.to_thread(read_plan, store)}")
         n_raw, s_raw = await asyncio.to_thread(raw_read, url, schema)
-        print(f"raw keyset read, undecoded: {n_raw} events in {s_raw:.2f} s = {rate(n_raw / s_raw)}")
+        print(
+            f"raw keyset read, undecoded: {n_raw} events in {s_raw:.2f} s = {rate(n_raw / s_raw)}"
+        )
         n_sql, s_sql = await asyncio.to_thread(read_sql_only, store)
         print(
             f"store's read_all SQL, undecoded: {n_sql} events in {s_sql:.2f} s "

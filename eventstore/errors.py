@@ -72,8 +72,7 @@ class InvalidSchema(StoreError):
     def __init__(self, schema: str) -> None:
         super().__init__(
             f"schema name {schema!r} is not a plain lower-case identifier",
-            "use lower-case letters, digits and underscores, starting with a letter "
-            "(e.g. dispach)",
+            "use lower-case letters, digits and underscores, starting with a letter (e.g. dispach)",
         )
 
 

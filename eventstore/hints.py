@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Sequence
 
 import nats.aio.client
+import nats.aio.msg
 import nats.aio.subscription
 import nats.errors
 import structlog
@@ -76,5 +77,5 @@ class NatsHints:
             # A lost hint only delays readers until their next poll.
             log.warning("hint_publish_failed", error=str(e))
 
-    async def _received(self, msg: nats.aio.client.Msg) -> None:
+    async def _received(self, msg: nats.aio.msg.Msg) -> None:
         self._hints.notify()

@@ -99,7 +99,9 @@ def rebuild(conn: psycopg.Connection[Any], projection: Projection, *, inline: bo
     return applied
 
 
-def _apply(conn: psycopg.Connection[Any], projection: Projection, batch: list[RecordedEvent]) -> int:
+def _apply(
+    conn: psycopg.Connection[Any], projection: Projection, batch: list[RecordedEvent]
+) -> int:
     relevant = [e for e in batch if e.type in projection.types]
     with conn.cursor() as cur:
         run_statements(cur, statements_for([projection], relevant))

@@ -14,15 +14,15 @@ from eventstore.catalogue import (
     TurnStart,
 )
 from eventstore.envelope import RecordedEvent
-from eventstore.projection import Statement
+from eventstore.projection import Projection, Statement
 
 
 class TurnsProjection:
     """The turn resource: ``status`` is ``running`` until ``turn.end``, then its reason."""
 
-    name = "turns"
-    tables = ("turns",)
-    types = frozenset(
+    name: str = "turns"
+    tables: tuple[str, ...] = ("turns",)
+    types: frozenset[str] = frozenset(
         {
             TurnStart.TYPE,
             TurnAttempt.TYPE,
@@ -129,9 +129,9 @@ class TurnsProjection:
 class SessionsProjection:
     """Sessions of each agent: how many turns, the last one, when last active or cleared."""
 
-    name = "sessions"
-    tables = ("sessions",)
-    types = frozenset({TurnStart.TYPE, TurnEnd.TYPE, SessionCleared.TYPE})
+    name: str = "sessions"
+    tables: tuple[str, ...] = ("sessions",)
+    types: frozenset[str] = frozenset({TurnStart.TYPE, TurnEnd.TYPE, SessionCleared.TYPE})
 
     def statements(self, event: RecordedEvent) -> Iterable[Statement]:
         agent, key = event.metadata.agent_id, event.metadata.session_key
@@ -176,5 +176,5 @@ class SessionsProjection:
                 return []
 
 
-INLINE = (TurnsProjection(),)
-ASYNC = (SessionsProjection(),)
+INLINE: tuple[Projection, ...] = (TurnsProjection(),)
+ASYNC: tuple[Projection, ...] = (SessionsProjection(),)

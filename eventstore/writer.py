@@ -76,6 +76,7 @@ _STOP = object()
 class _Redecide(Exception):
     """A refused command became acceptable while the batch was being decided."""
 
+
 OnCommit = Callable[[Sequence[RecordedEvent]], None]
 
 
@@ -107,7 +108,9 @@ class GroupCommitWriter:
         self._conn = self._connect()
         self._thread.start()
 
-    def submit(self, stream: str, events: Sequence[NewEvent], expected: int) -> Future[AppendResult]:
+    def submit(
+        self, stream: str, events: Sequence[NewEvent], expected: int
+    ) -> Future[AppendResult]:
         if self._closed:
             raise StoreClosed
         command = _Command(stream, events, expected)
@@ -134,7 +137,9 @@ class GroupCommitWriter:
         backlog: deque[_Command] = deque()
         stopping = False
         while not (stopping and not backlog):
-            batch, streams, carry = [], set(), []
+            batch: list[_Command] = []
+            streams: set[str] = set()
+            carry: list[_Command] = []
             while len(batch) < self._max_batch:
                 item: _Command | object
                 if backlog:
@@ -231,9 +236,17 @@ class GroupCommitWriter:
                 for new in command.events:
                     position, version, txid, at = stored[new.event_id]
                     recorded.append(
-                        RecordedEvent(command.stream, version, position, int(txid),
-                                      new.event_id, type_name(new.event), new.event,
-                                      new.metadata, at)
+                        RecordedEvent(
+                            command.stream,
+                            version,
+                            position,
+                            int(txid),
+                            new.event_id,
+                            type_name(new.event),
+                            new.event,
+                            new.metadata,
+                            at,
+                        )
                     )
                 outcomes[command] = AppendResult(command.stream, recorded)
                 committed.extend(recorded)
@@ -258,8 +271,15 @@ class GroupCommitWriter:
                 metas.append(_META.encode(new.metadata).decode())
         cur.execute(
             load("append").encode(),
-            {"streams": streams, "expected": expected, "ords": ords, "ids": ids,
-             "types": types, "datas": datas, "metas": metas},
+            {
+                "streams": streams,
+                "expected": expected,
+                "ords": ords,
+                "ids": ids,
+                "types": types,
+                "datas": datas,
+                "metas": metas,
+            },
         )
         return {row[0]: row[1:] for row in cur.fetchall()}
 

@@ -30,9 +30,7 @@ def error_response(
     headers: dict[str, str] | None = None,
 ) -> Response:
     body = ErrorEnvelope(ErrorBody(code=code, message=message, hint=hint, field=field))
-    return Response(
-        _ENCODER.encode(body), status, headers=headers, media_type="application/json"
-    )
+    return Response(_ENCODER.encode(body), status, headers=headers, media_type="application/json")
 
 
 def json_response(value: object, status: int = 200) -> Response:

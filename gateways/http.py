@@ -63,7 +63,7 @@ def create_app(node: NodeStatus) -> Starlette:
                 "method_not_allowed",
                 f"{request.method} is not allowed on {request.url.path}",
                 f"use one of: {(exc.headers or {}).get('Allow', 'GET')}",
-                headers=exc.headers,
+                headers=dict(exc.headers or {}),
             )
         return error_response(
             exc.status_code,

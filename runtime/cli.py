@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,13 +98,8 @@ def events_tail(
 
     with _errors():
         check_types(set(types))
-        with _store() as (store, nats_url):
-            try:
-                asyncio.run(
-                    tail(store, nats_url, after, from_start, set(categories), set(types), emit)
-                )
-            except KeyboardInterrupt:
-                pass
+        with _store() as (store, nats_url), contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(tail(store, nats_url, after, from_start, set(categories), set(types), emit))
 
 
 @main.group()

@@ -57,7 +57,9 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "schema": env.get("DISPACH_DB_SCHEMA", "dispach"),
         "host": env.get("DISPACH_HOST", "127.0.0.1"),
         "port": _int(env, "DISPACH_PORT", DEFAULT_PORT),
-        "tokens": tuple(t.strip() for t in env.get("DISPACH_API_TOKEN", "").split(",") if t.strip()),
+        "tokens": tuple(
+            t.strip() for t in env.get("DISPACH_API_TOKEN", "").split(",") if t.strip()
+        ),
         "node_id": env.get("DISPACH_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}",
         "log_format": env.get("DISPACH_LOG_FORMAT", "auto"),
         "log_level": env.get("DISPACH_LOG_LEVEL", "info"),
@@ -114,4 +116,6 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number", f"set {name} to a number", name) from None
+        raise ConfigError(
+            f"{name}={raw!r} is not a whole number", f"set {name} to a number", name
+        ) from None

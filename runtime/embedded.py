@@ -240,7 +240,7 @@ class EmbeddedNats:
 
 
 class EmbeddedServices:
-    """Postgres and/or NATS for one data directory, as needed; URLs of external ones pass through."""
+    """Postgres and/or NATS for one data directory as needed; external URLs pass through."""
 
     def __init__(self, home: Path, database_url: str | None, nats_url: str | None) -> None:
         self.datadir = DataDir(home)
@@ -287,9 +287,9 @@ class EmbeddedServices:
 
 
 @contextlib.contextmanager
-def services_for(home: Path, database_url: str | None, nats_url: str | None) -> Iterator[
-    tuple[str, str | None]
-]:
+def services_for(
+    home: Path, database_url: str | None, nats_url: str | None
+) -> Iterator[tuple[str, str | None]]:
     """Database and NATS URLs for a CLI command.
 
     External URLs are used as given. Otherwise, when a node is running on ``home``, its embedded
@@ -316,7 +316,9 @@ def services_for(home: Path, database_url: str | None, nats_url: str | None) -> 
 # --- process helpers ---------------------------------------------------------------------------
 
 
-def _spawn(argv: list[str], logfile: Path, user: str | None, death_signal: int) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], logfile: Path, user: str | None, death_signal: int
+) -> subprocess.Popen[bytes]:
     libc = ctypes.CDLL(None, use_errno=True)
 
     def die_with_parent() -> None:
@@ -419,7 +421,14 @@ def _service_user() -> str | None:
     except KeyError:
         log.info("postgres_user_create", user=_PG_USER)
         subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", _PG_USER],
+            [
+                shutil.which("useradd") or "/usr/sbin/useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                _PG_USER,
+            ],
             check=True,
             capture_output=True,
         )

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import nats
@@ -99,7 +100,7 @@ class Node:
             startup_ms=self.uptime_ms(),
         )
 
-    def _on_commit(self, committed: list[RecordedEvent] | Any) -> None:
+    def _on_commit(self, committed: Sequence[RecordedEvent]) -> None:
         # Runs on the writer thread, right after a commit: hand the hint to the loop.
         if self._portal is not None and self._hints is not None:
             self._portal.spawn(self._hints.publish(committed))
@@ -179,7 +180,9 @@ async def serve(settings: Settings) -> int:
         if error is not None:
             status = 1
             if isinstance(error, RuntimeFailure):
-                log.error("node_start_failed", code=error.code, error=error.message, hint=error.hint)
+                log.error(
+                    "node_start_failed", code=error.code, error=error.message, hint=error.hint
+                )
             else:
                 log.error("node_start_failed", exc_info=error)
             server.should_exit = True

@@ -6,8 +6,8 @@ import click
 import msgspec
 
 from eventstore import RecordedEvent, encode_wire
-from eventstore.event import encode_data, public_data
 from eventstore.event import Event as _Event
+from eventstore.event import encode_data, public_data
 
 _COLOURS = {"turn": "cyan", "model": "blue", "tool": "magenta", "delivery": "green"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,7 @@ async def live(servers: Servers, schema: str) -> AsyncIterator[LiveStore]:
     nc = await nats.connect(servers.nats_url)
     holder: list[NatsHints] = []
 
-    def on_commit(committed: list[RecordedEvent]) -> None:
+    def on_commit(committed: Sequence[RecordedEvent]) -> None:
         asyncio.run_coroutine_threadsafe(holder[0].publish(committed), loop)
 
     store = EventStore(

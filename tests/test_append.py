@@ -32,7 +32,9 @@ def count(connect: ConnectFactory, stream: str | None = None) -> int:
         if stream is None:
             row = conn.execute("SELECT count(*) FROM events").fetchone()
         else:
-            row = conn.execute("SELECT count(*) FROM events WHERE stream_id = %s", [stream]).fetchone()
+            row = conn.execute(
+                "SELECT count(*) FROM events WHERE stream_id = %s", [stream]
+            ).fetchone()
     assert row is not None
     return int(row[0])
 
@@ -73,7 +75,9 @@ def test_two_stores_racing_on_one_stream_one_wins_and_nothing_is_half_written(
             store.append(stream, [chunk("seed")], NO_STREAM)
             barrier = threading.Barrier(2)
 
-            def attempt(s: EventStore, who: str) -> str:
+            def attempt(
+                s: EventStore, who: str, barrier: threading.Barrier = barrier, stream: str = stream
+            ) -> str:
                 barrier.wait()
                 try:
                     s.append(stream, [chunk(f"{who}-1"), chunk(f"{who}-2"), chunk(f"{who}-3")], 0)
@@ -180,7 +184,8 @@ def test_metadata_and_ids_round_trip(store: EventStore) -> None:
     event_id = uuid.uuid4()
     meta = Metadata(agent_id="ag", session_key="api:default", turn_id="t1", step_id="s1")
     store.append(
-        "turn-t1", [NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta, event_id=event_id)]
+        "turn-t1",
+        [NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta, event_id=event_id)],
     )
     [stored] = store.read_stream("turn-t1")
     assert (stored.event_id, stored.metadata, stored.type) == (event_id, meta, "turn.start")

@@ -28,7 +28,7 @@ def test_external_urls_and_home_are_taken_from_the_environment() -> None:
     assert settings.home == Path("/d")
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.4", "example.com"])  # noqa: S104
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.4", "example.com"])
 def test_a_non_loopback_bind_needs_a_token(host: str) -> None:
     with pytest.raises(ConfigError) as caught:
         from_env({"DISPACH_HOST": host})

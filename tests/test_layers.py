@@ -18,7 +18,7 @@ ALLOWED = {
 
 
 def imports_of(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name.split(".")[0] for alias in node.names)
@@ -41,7 +41,11 @@ def test_gateways_use_only_the_message_types_and_bridge_of_actors() -> None:
     for path in sorted((ROOT / "gateways").rglob("*.py")):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("actors"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("actors")
+            ):
                 assert node.module in ("actors", "actors.messages", "actors.bridge"), path
 
 

@@ -141,7 +141,8 @@ def test_kill_9_then_restart_on_the_same_data_directory_keeps_every_event(
     store.open()
     meta = Metadata(agent_id="a", session_key="api:default", turn_id="t_k")
     written = store.append(
-        "turn-t_k", [NewEvent(event=TurnStart(source="api", input="before the crash"), metadata=meta)]
+        "turn-t_k",
+        [NewEvent(event=TurnStart(source="api", input="before the crash"), metadata=meta)],
     )
     store.close()
     postgres_pid = int((home / "postgres" / "postmaster.pid").read_text().split()[0])
@@ -165,8 +166,10 @@ def test_kill_9_then_restart_on_the_same_data_directory_keeps_every_event(
     assert restarted.stop() == 0
 
 
-def test_a_non_loopback_bind_without_a_token_refuses_to_start(home: Path, nodes: list[Serve]) -> None:
-    node = Serve(home, DISPACH_HOST="0.0.0.0")  # noqa: S104 - the bind under test
+def test_a_non_loopback_bind_without_a_token_refuses_to_start(
+    home: Path, nodes: list[Serve]
+) -> None:
+    node = Serve(home, DISPACH_HOST="0.0.0.0")
     nodes.append(node)
     assert node.proc.wait(30) != 0
     assert "invalid_config" in node.output() and "DISPACH_API_TOKEN" in node.output()

@@ -41,18 +41,44 @@ def snapshot(connect: ConnectFactory, table: str, key: str) -> list[tuple[Any, .
 
 def a_turn(rng: random.Random, n: int) -> tuple[str, list[NewEvent]]:
     turn_id = f"t_{n}"
-    meta = Metadata(agent_id=rng.choice(["a", "b"]), session_key=f"s{rng.randint(0, 4)}", turn_id=turn_id)
-    events: list[Event] = [TurnStart(source="api", input=f"question {n}"), TurnAttempt(attempt=1, node="n1")]
+    meta = Metadata(
+        agent_id=rng.choice(["a", "b"]), session_key=f"s{rng.randint(0, 4)}", turn_id=turn_id
+    )
+    events: list[Event] = [
+        TurnStart(source="api", input=f"question {n}"),
+        TurnAttempt(attempt=1, node="n1"),
+    ]
     for _ in range(rng.randint(0, 3)):
         if rng.random() < 0.2:
-            events += [ApprovalRequested(approval_id="ap", slug="x", call_id="c", mutating=True, reason="ask"),
-                       ApprovalResolved(approval_id="ap", slug="x", granted=True, by="approver")]
-        events.append(ModelResult(output_tokens=rng.randint(1, 99), prompt_tokens=rng.randint(100, 999),
-                                  finish_reason="end_turn", latency_ms=5, cache_read_tokens=rng.randint(0, 9)))
+            events += [
+                ApprovalRequested(
+                    approval_id="ap", slug="x", call_id="c", mutating=True, reason="ask"
+                ),
+                ApprovalResolved(approval_id="ap", slug="x", granted=True, by="approver"),
+            ]
+        events.append(
+            ModelResult(
+                output_tokens=rng.randint(1, 99),
+                prompt_tokens=rng.randint(100, 999),
+                finish_reason="end_turn",
+                latency_ms=5,
+                cache_read_tokens=rng.randint(0, 9),
+            )
+        )
     if rng.random() < 0.8:
-        error = ErrorDetail(code="model_error", message="m", hint="h") if rng.random() < 0.3 else None
-        events.append(TurnEnd(reason="error" if error else "final", steps=3, tokens=Tokens(prompt=5, output=6),
-                              duration_ms=rng.randint(1, 999), text="answer", error=error))
+        error = (
+            ErrorDetail(code="model_error", message="m", hint="h") if rng.random() < 0.3 else None
+        )
+        events.append(
+            TurnEnd(
+                reason="error" if error else "final",
+                steps=3,
+                tokens=Tokens(prompt=5, output=6),
+                duration_ms=rng.randint(1, 999),
+                text="answer",
+                error=error,
+            )
+        )
     return f"turn-{turn_id}", [NewEvent(event=e, metadata=meta) for e in events]  # fmt: skip
 
 
@@ -103,14 +129,19 @@ def test_the_turn_resource_follows_the_turn(store: EventStore, connect: ConnectF
                                duration_ms=9, text="partial"), metadata=meta),
     ])  # fmt: skip
     with connect() as conn:
-        status, state, steps, text, duration = conn.execute(
-            "SELECT status, state, steps, text, duration_ms FROM turns WHERE turn_id = 't_9'"
-        ).fetchone() or ()
+        status, state, steps, text, duration = (
+            conn.execute(
+                "SELECT status, state, steps, text, duration_ms FROM turns WHERE turn_id = 't_9'"
+            ).fetchone()
+            or ()
+        )
     assert (status, state, steps, text, duration) == ("max_steps", "ended", 1, "partial", 9)
 
 
 @pytest.mark.asyncio
-async def test_two_runners_apply_each_batch_once(store: EventStore, connect: ConnectFactory) -> None:
+async def test_two_runners_apply_each_batch_once(
+    store: EventStore, connect: ConnectFactory
+) -> None:
     await store.apool.open()
     rng = random.Random(7)
     for n in range(60):

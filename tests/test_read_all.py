@@ -78,8 +78,7 @@ def test_a_tailing_reader_sees_every_event_once_in_checkpoint_order(
                 time.sleep(0.002)
 
     threads = [
-        threading.Thread(target=raw_writer, args=(n, random.Random(rng.random())))
-        for n in range(6)
+        threading.Thread(target=raw_writer, args=(n, random.Random(rng.random()))) for n in range(6)
     ] + [
         threading.Thread(target=store_writer, args=(n, random.Random(rng.random())))
         for n in range(3)

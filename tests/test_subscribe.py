@@ -104,7 +104,8 @@ async def test_a_subscriber_killed_and_restarted_from_its_checkpoint_misses_and_
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    await asyncio.to_thread(lambda: [w.join() for w in writers])
+    for w in writers:
+        await asyncio.to_thread(w.join)
     other.close()
     task = asyncio.create_task(subscriber(None))
     for _ in range(1000):
