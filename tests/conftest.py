@@ -9,6 +9,7 @@ each other's events (the log is append-only: nothing could be cleaned up between
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -24,6 +25,38 @@ from psycopg import sql
 
 from eventstore import INLINE, EventStore, NatsHints, RecordedEvent
 from runtime.embedded import EmbeddedServices
+
+
+class _SlowCallbacks(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Executing"):
+            self.messages.append(message)
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def no_blocking_on_the_loop(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Fail an async test whose code blocks the event loop (STYLE.md 11): asyncio's debug mode
+    reports every callback that runs longer than the threshold."""
+    if request.node.get_closest_marker("asyncio") is None:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.25
+    handler = _SlowCallbacks()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        loop.set_debug(False)
+    assert handler.messages == [], "blocking call on the event loop"
 
 
 class Servers:

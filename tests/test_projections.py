@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 from typing import Any
@@ -94,12 +95,14 @@ async def test_a_rebuilt_projection_equals_the_live_one(
     for n in range(120):
         stream, events = a_turn(rng, n)
         cut = rng.randint(1, len(events))  # a turn's events arrive over several appends
-        store.append(stream, events[:cut])
+        await store.aappend(stream, events[:cut])
         if cut < len(events):
-            store.append(stream, events[cut:])
+            await store.aappend(stream, events[cut:])
         if rng.random() < 0.05:
             meta = Metadata(agent_id="a", session_key=f"s{rng.randint(0, 4)}")
-            store.append("session-a-x", [NewEvent(event=SessionCleared(by="test"), metadata=meta)])
+            await store.aappend(
+                "session-a-x", [NewEvent(event=SessionCleared(by="test"), metadata=meta)]
+            )
         if rng.random() < 0.2:
             await runner.catch_up()
     await runner.catch_up()
@@ -107,9 +110,12 @@ async def test_a_rebuilt_projection_equals_the_live_one(
     live_sessions = snapshot(connect, "sessions", "agent_id, session_key")
     assert len(live_turns) == 120 and live_sessions
 
-    with store.pool.connection() as conn:
-        rebuild(conn, TurnsProjection(), inline=True)
-        rebuild(conn, SessionsProjection(), inline=False)
+    def rebuild_both() -> None:
+        with store.pool.connection() as conn:
+            rebuild(conn, TurnsProjection(), inline=True)
+            rebuild(conn, SessionsProjection(), inline=False)
+
+    await asyncio.to_thread(rebuild_both)
     assert snapshot(connect, "sessions", "agent_id, session_key") == []
     await ProjectionRunner(store, SessionsProjection()).catch_up()
     assert snapshot(connect, "turns", "turn_id") == live_turns, f"DISPACH_SEED={seed}"
@@ -146,14 +152,16 @@ async def test_two_runners_apply_each_batch_once(
     rng = random.Random(7)
     for n in range(60):
         stream, events = a_turn(rng, n)
-        store.append(stream, events)
+        await store.aappend(stream, events)
     one, two = (ProjectionRunner(store, SessionsProjection(), batch=7) for _ in range(2))
-    import asyncio
-
     await asyncio.gather(one.catch_up(), two.catch_up())
     racing = snapshot(connect, "sessions", "agent_id, session_key")
-    with store.pool.connection() as conn:
-        rebuild(conn, SessionsProjection(), inline=False)
+
+    def reset() -> None:
+        with store.pool.connection() as conn:
+            rebuild(conn, SessionsProjection(), inline=False)
+
+    await asyncio.to_thread(reset)
     await one.catch_up()
     assert snapshot(connect, "sessions", "agent_id, session_key") == racing
     await store.apool.close()
