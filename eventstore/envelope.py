@@ -10,7 +10,7 @@ from datetime import datetime
 import msgspec
 
 from eventstore.errors import InvalidCursor
-from eventstore.event import Event, UnknownEvent, public_data, type_name
+from eventstore.event import Event, UnknownEvent, public_data
 
 
 class Metadata(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, rename="camel"):
@@ -126,7 +126,3 @@ def to_wire(recorded: RecordedEvent) -> WireEvent:
 def encode_wire(recorded: RecordedEvent) -> bytes:
     """The JSON of the public envelope: tool arguments and outputs are never in it."""
     return _WIRE.encode(to_wire(recorded))
-
-
-def event_type(event: Event | UnknownEvent) -> str:
-    return type_name(event)

@@ -6,6 +6,8 @@ the package (STYLE.md 5).
 
 from __future__ import annotations
 
+from eventstore.versions import ANY, NO_STREAM
+
 
 class StoreError(Exception):
     """Base of every error the event store raises."""
@@ -111,8 +113,6 @@ class ProjectionError(StoreError):
 
 
 def describe_version(expected: int) -> str:
-    from eventstore.versions import ANY, NO_STREAM
-
     if expected == NO_STREAM:
         return "no stream"
     if expected == ANY:

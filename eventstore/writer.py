@@ -9,6 +9,7 @@ against the committed head; a conflicting command fails alone and its neighbours
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -137,32 +138,55 @@ class GroupCommitWriter:
         backlog: deque[_Command] = deque()
         stopping = False
         while not (stopping and not backlog):
-            batch: list[_Command] = []
-            streams: set[str] = set()
-            carry: list[_Command] = []
-            while len(batch) < self._max_batch:
-                item: _Command | object
-                if backlog:
-                    item = backlog.popleft()
-                elif batch or stopping:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                else:
-                    item = self._queue.get()
-                if item is _STOP:
-                    stopping = True
-                    continue
-                assert isinstance(item, _Command)
-                if item.stream in streams:
-                    carry.append(item)
-                else:
-                    streams.add(item.stream)
-                    batch.append(item)
-            backlog.extendleft(reversed(carry))
-            if batch:
+            batch, stopping = self._next_batch(backlog, stopping)
+            if not batch:
+                continue
+            try:
                 self._commit(batch)
+            except Exception as e:
+                # A bug, not a database answer: fail this batch, keep the writer alive.
+                log.exception("writer_batch_failed")
+                self._rollback()
+                self._fail(batch, _internal(e))
+        self._refuse_leftovers()
+
+    def _next_batch(self, backlog: deque[_Command], stopping: bool) -> tuple[list[_Command], bool]:
+        """What is queued now, at most one command per stream (the others wait in ``backlog``,
+        in order). Blocks only while nothing at all is queued."""
+        batch: list[_Command] = []
+        streams: set[str] = set()
+        carry: list[_Command] = []
+        while len(batch) < self._max_batch:
+            item: _Command | object
+            if backlog:
+                item = backlog.popleft()
+            elif batch or stopping:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            else:
+                item = self._queue.get()
+            if item is _STOP:
+                stopping = True
+            elif isinstance(item, _Command) and item.stream in streams:
+                carry.append(item)
+            elif isinstance(item, _Command):
+                streams.add(item.stream)
+                batch.append(item)
+        backlog.extendleft(reversed(carry))
+        return batch, stopping
+
+    def _refuse_leftovers(self) -> None:
+        """Appends that raced with stop() and landed behind the stop marker are refused, not
+        dropped: their callers get StoreClosed."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Command):
+                item.future.set_exception(StoreClosed())
 
     def _commit(self, batch: list[_Command]) -> None:
         deadline = time.monotonic() + _RECONNECT_DEADLINE_S
@@ -189,11 +213,22 @@ class GroupCommitWriter:
                 log.warning("writer_reconnect", error=str(e), attempt=attempt)
                 time.sleep(min(0.05 * attempt, 1.0))
                 self._reconnect()
-            except psycopg.Error as e:
+            except Exception as e:  # noqa: BLE001 - every failure is reported to its caller
+                # Postgres refused something, or a projection has a bug: find the one command
+                # that causes it by committing each alone; the others must not pay for it.
                 self._rollback()
                 if len(batch) == 1:
-                    return self._fail(batch, _rejected(e))
+                    return self._fail(batch, _refused(e, batch[0]))
                 return self._isolate(batch)
+        self._settle(batch, outcomes, committed)
+        return None
+
+    def _settle(
+        self,
+        batch: list[_Command],
+        outcomes: dict[_Command, AppendResult | StoreError],
+        committed: list[RecordedEvent],
+    ) -> None:
         for command in batch:
             outcome = outcomes[command]
             if isinstance(outcome, StoreError):
@@ -207,7 +242,6 @@ class GroupCommitWriter:
                 self._on_commit(committed)
             except Exception:
                 log.exception("on_commit_failed")
-        return None
 
     def _isolate(self, batch: list[_Command]) -> None:
         """Commit each command alone, so one bad command fails by itself."""
@@ -306,7 +340,8 @@ class GroupCommitWriter:
 
     def _fail(self, batch: list[_Command], error: StoreError) -> None:
         for command in batch:
-            command.future.set_exception(error)
+            if not command.future.done():
+                command.future.set_exception(error)
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
@@ -324,7 +359,8 @@ class GroupCommitWriter:
 
     def _rollback(self) -> None:
         if self._conn is not None and not self._conn.closed:
-            self._conn.rollback()
+            with contextlib.suppress(psycopg.Error):
+                self._conn.rollback()
 
 
 def _decide(
@@ -357,7 +393,17 @@ def _unavailable(e: psycopg.Error) -> StoreUnavailable:
     )
 
 
-def _rejected(e: psycopg.Error) -> StoreError:
+def _internal(e: Exception) -> StoreError:
+    return StoreError(
+        f"the writer failed on this batch: {type(e).__name__}: {e}",
+        "this is a bug in Dispach; the batch was not committed and the node's log has the trace",
+    )
+
+
+def _refused(e: Exception, command: _Command) -> StoreError:
+    if not isinstance(e, psycopg.Error):
+        log.error("writer_command_failed", stream=command.stream, exc_info=e)
+        return _internal(e)
     diag = e.diag
     return StoreError(
         f"Postgres refused the append: {diag.message_primary or e}",

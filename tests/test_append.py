@@ -17,6 +17,8 @@ from eventstore import (
     InvalidAppend,
     Metadata,
     NewEvent,
+    RecordedEvent,
+    StoreError,
     WrongExpectedVersion,
 )
 from eventstore.catalogue import ModelChunk, TurnStart
@@ -190,3 +192,34 @@ def test_metadata_and_ids_round_trip(store: EventStore) -> None:
     [stored] = store.read_stream("turn-t1")
     assert (stored.event_id, stored.metadata, stored.type) == (event_id, meta, "turn.start")
     assert stored.data == TurnStart(source="api", input="hi")
+
+
+class _Exploding:
+    """A projection with a bug: it raises on one particular event."""
+
+    name = "exploding"
+    tables: tuple[str, ...] = ()
+    types = frozenset({ModelChunk.TYPE})
+
+    def statements(self, event: RecordedEvent) -> list[tuple[str, list[object]]]:
+        if isinstance(event.data, ModelChunk) and event.data.delta == "boom":
+            raise KeyError("boom")
+        return []
+
+
+def test_a_bug_in_a_projection_fails_its_command_and_the_writer_lives_on(
+    servers: Servers, schema: str, store: EventStore
+) -> None:
+    buggy = EventStore(servers.database_url, schema=schema, inline=[_Exploding()])
+    buggy.open()
+    try:
+        good = [buggy.submit(f"turn-p{i}", [chunk("fine")], NO_STREAM) for i in range(20)]
+        bad = buggy.submit("turn-boom", [chunk("boom")], NO_STREAM)
+        error = bad.exception(10)
+        assert isinstance(error, StoreError)
+        assert "KeyError" in error.message
+        assert all(f.result(10).version == 0 for f in good)
+        assert buggy.stream_version("turn-boom") == NO_STREAM  # nothing half-written
+        assert buggy.append("turn-later", [chunk("ok")]).version == 0
+    finally:
+        buggy.close()
