@@ -19,7 +19,8 @@ import nats.errors
 import structlog
 
 from eventstore import subjects
-from eventstore.envelope import RecordedEvent
+from eventstore.envelope import START, Checkpoint, RecordedEvent
+from eventstore.errors import InvalidCursor
 
 log = structlog.get_logger("dispach.hints")
 
@@ -29,9 +30,13 @@ class Hints:
 
     def __init__(self) -> None:
         self.generation = 0
+        self.latest = START
+        """The newest checkpoint a hint announced as committed."""
         self._changed = asyncio.Event()
 
-    def notify(self) -> None:
+    def notify(self, committed: Checkpoint | None = None) -> None:
+        if committed is not None and committed > self.latest:
+            self.latest = committed
         self.generation += 1
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
@@ -78,4 +83,8 @@ class NatsHints:
             log.warning("hint_publish_failed", error=str(e))
 
     async def _received(self, msg: nats.aio.msg.Msg) -> None:
-        self._hints.notify()
+        try:
+            committed = Checkpoint.from_cursor(msg.data.decode())
+        except (InvalidCursor, UnicodeDecodeError):
+            committed = None  # still a wake-up, just not a position
+        self._hints.notify(committed)

@@ -26,6 +26,7 @@ from eventstore.versions import ANY, NO_STREAM
 from eventstore.writer import AppendResult, GroupCommitWriter, OnCommit
 
 EventFilter = Callable[[RecordedEvent], bool]
+_FIRST_RETRY = 0.001
 
 
 class EventStore:
@@ -44,7 +45,8 @@ class EventStore:
         self.schema = schema
         self.poll_interval = poll_interval
         self.hints = Hints()
-        kwargs = connect_kwargs(schema)
+        # Reads are single statements: autocommit spares each a BEGIN and a COMMIT round trip.
+        kwargs = connect_kwargs(schema) | {"autocommit": True}
         self._pool = psycopg_pool.ConnectionPool(
             conninfo, min_size=1, max_size=pool_size, kwargs=kwargs, open=False, name="dispach"
         )
@@ -192,6 +194,7 @@ class EventStore:
         ``checkpoint`` of the last event it processed; resuming from it repeats and misses nothing.
         """
         checkpoint = after
+        backoff = _FIRST_RETRY
         while True:
             generation = self.hints.generation
             page = await self.aread_all(checkpoint, batch)
@@ -199,7 +202,17 @@ class EventStore:
                 checkpoint = event.checkpoint
                 if where is None or where(event):
                     yield event
-            if len(page) < batch:
+            if page:
+                backoff = _FIRST_RETRY
+            if len(page) == batch:
+                continue
+            if self.hints.latest > checkpoint and backoff < self.poll_interval:
+                # A commit was announced that we cannot see yet: an older transaction is still
+                # open and holds the horizon back. It ends soon, usually without a hint of its
+                # own (a rollback, or another application's transaction): look again shortly.
+                await asyncio.sleep(backoff)
+                backoff *= 2
+            else:
                 await self.hints.wait(generation, self.poll_interval)
 
 

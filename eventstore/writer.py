@@ -17,7 +17,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -26,18 +25,15 @@ import structlog
 from psycopg import errors as pgerrors
 
 from eventstore._sql import connect_kwargs, decode_row, load
-from eventstore.envelope import Checkpoint, NewEvent, RecordedEvent
+from eventstore.envelope import NewEvent, RecordedEvent
 from eventstore.errors import (
-    EventIdReused,
     StoreClosed,
     StoreError,
     StoreOverloaded,
     StoreUnavailable,
-    WrongExpectedVersion,
 )
 from eventstore.event import encode_data, type_name
 from eventstore.projection import Projection, run_statements, statements_for
-from eventstore.versions import ANY
 
 log = structlog.get_logger("dispach.writer")
 
@@ -46,36 +42,7 @@ _RETRIES = 5
 _RECONNECT_DEADLINE_S = 30.0
 
 
-class AppendResult(msgspec.Struct, frozen=True):
-    """The stored events of one append; ``duplicate`` when they had been stored before."""
-
-    stream: str
-    events: list[RecordedEvent]
-    duplicate: bool = False
-
-    @property
-    def version(self) -> int:
-        """The stream's version after this append (its last event's version)."""
-        return self.events[-1].version
-
-    @property
-    def checkpoint(self) -> Checkpoint:
-        return self.events[-1].checkpoint
-
-
-@dataclass(eq=False)
-class _Command:
-    stream: str
-    events: Sequence[NewEvent]
-    expected: int
-    future: Future[AppendResult] = field(default_factory=Future)
-
-
 _STOP = object()
-
-
-class _Redecide(Exception):
-    """A refused command became acceptable while the batch was being decided."""
 
 
 OnCommit = Callable[[Sequence[RecordedEvent]], None]
@@ -95,8 +62,10 @@ class GroupCommitWriter:
         self._conninfo = conninfo
         self._schema = schema
         self._inline = tuple(inline)
+        self._inline_types = frozenset(t for p in self._inline for t in p.types)
+        self._backlog: deque[Command] = deque()  # decided later, ahead of the queue
         self._on_commit = on_commit
-        self._queue: queue.Queue[_Command | object] = queue.Queue(queue_size)
+        self._queue: queue.Queue[Command | object] = queue.Queue(queue_size)
         self._capacity = queue_size
         self._max_batch = max_batch
         self._conn: psycopg.Connection[Any] | None = None
@@ -114,7 +83,7 @@ class GroupCommitWriter:
     ) -> Future[AppendResult]:
         if self._closed:
             raise StoreClosed
-        command = _Command(stream, events, expected)
+        command = Command(stream, events, expected)
         try:
             self._queue.put_nowait(command)
         except queue.Full:
@@ -135,10 +104,9 @@ class GroupCommitWriter:
     # --- the writer thread ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        backlog: deque[_Command] = deque()
         stopping = False
-        while not (stopping and not backlog):
-            batch, stopping = self._next_batch(backlog, stopping)
+        while not (stopping and not self._backlog):
+            batch, stopping = self._next_batch(stopping)
             if not batch:
                 continue
             try:
@@ -150,16 +118,16 @@ class GroupCommitWriter:
                 self._fail(batch, _internal(e))
         self._refuse_leftovers()
 
-    def _next_batch(self, backlog: deque[_Command], stopping: bool) -> tuple[list[_Command], bool]:
+    def _next_batch(self, stopping: bool) -> tuple[list[Command], bool]:
         """What is queued now, at most one command per stream (the others wait in ``backlog``,
         in order). Blocks only while nothing at all is queued."""
-        batch: list[_Command] = []
+        batch: list[Command] = []
         streams: set[str] = set()
-        carry: list[_Command] = []
+        carry: list[Command] = []
         while len(batch) < self._max_batch:
-            item: _Command | object
-            if backlog:
-                item = backlog.popleft()
+            item: Command | object
+            if self._backlog:
+                item = self._backlog.popleft()
             elif batch or stopping:
                 try:
                     item = self._queue.get_nowait()
@@ -169,12 +137,12 @@ class GroupCommitWriter:
                 item = self._queue.get()
             if item is _STOP:
                 stopping = True
-            elif isinstance(item, _Command) and item.stream in streams:
+            elif isinstance(item, Command) and item.stream in streams:
                 carry.append(item)
-            elif isinstance(item, _Command):
+            elif isinstance(item, Command):
                 streams.add(item.stream)
                 batch.append(item)
-        backlog.extendleft(reversed(carry))
+        self._backlog.extendleft(reversed(carry))
         return batch, stopping
 
     def _refuse_leftovers(self) -> None:
@@ -185,19 +153,19 @@ class GroupCommitWriter:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, _Command):
+            if isinstance(item, Command):
                 item.future.set_exception(StoreClosed())
 
-    def _commit(self, batch: list[_Command]) -> None:
+    def _commit(self, batch: list[Command]) -> None:
         deadline = time.monotonic() + _RECONNECT_DEADLINE_S
         attempt = 0
         careful = False
         while True:
             attempt += 1
             try:
-                outcomes, committed = self._try(batch, careful=careful)
+                outcomes, committed, again = self._try(batch, careful=careful)
                 break
-            except (pgerrors.UniqueViolation, _Redecide):
+            except pgerrors.UniqueViolation:
                 # Another transaction appended to one of our streams after we read its head, or
                 # an event id is already stored (a retried append): decide again, looking first.
                 self._rollback()
@@ -220,13 +188,15 @@ class GroupCommitWriter:
                 if len(batch) == 1:
                     return self._fail(batch, _refused(e, batch[0]))
                 return self._isolate(batch)
-        self._settle(batch, outcomes, committed)
+        # A command that became acceptable while the batch was decided goes first in the next.
+        self._backlog.extendleft(reversed(again))
+        self._settle([c for c in batch if c in outcomes], outcomes, committed)
         return None
 
     def _settle(
         self,
-        batch: list[_Command],
-        outcomes: dict[_Command, AppendResult | StoreError],
+        batch: list[Command],
+        outcomes: dict[Command, AppendResult | StoreError],
         committed: list[RecordedEvent],
     ) -> None:
         for command in batch:
@@ -243,55 +213,60 @@ class GroupCommitWriter:
             except Exception:
                 log.exception("on_commit_failed")
 
-    def _isolate(self, batch: list[_Command]) -> None:
+    def _isolate(self, batch: list[Command]) -> None:
         """Commit each command alone, so one bad command fails by itself."""
         for command in batch:
             self._commit([command])
 
     def _try(
-        self, batch: list[_Command], *, careful: bool
-    ) -> tuple[dict[_Command, AppendResult | StoreError], list[RecordedEvent]]:
+        self, batch: list[Command], *, careful: bool
+    ) -> tuple[dict[Command, AppendResult | StoreError], list[RecordedEvent], list[Command]]:
+        """One attempt at a batch: ``(outcomes, committed events, commands to retry)``.
+
+        The connection is in autocommit mode. Without inline projection work the insert is the
+        whole transaction: one round trip. With it, one pipeline carries BEGIN with the insert,
+        then the projection statements with the COMMIT: two round trips.
+        """
         conn = self._conn
         assert conn is not None
-        outcomes: dict[_Command, AppendResult | StoreError] = {}
-        committed: list[RecordedEvent] = []
+        in_transaction = any(
+            type_name(e.event) in self._inline_types for c in batch for e in c.events
+        )
         with conn.cursor() as cur:
-            if careful:
-                outcomes.update(self._explain(cur, batch, careful=True))
-            todo = [c for c in batch if c not in outcomes]
-            stored = self._insert(cur, todo) if todo else {}
-            refused = [c for c in todo if c.events[0].event_id not in stored]
-            if refused:
-                outcomes.update(self._explain(cur, refused, careful=False))
-            for command in todo:
-                if command in outcomes:
-                    continue
-                recorded = []
-                for new in command.events:
-                    position, version, txid, at = stored[new.event_id]
-                    recorded.append(
-                        RecordedEvent(
-                            command.stream,
-                            version,
-                            position,
-                            int(txid),
-                            new.event_id,
-                            type_name(new.event),
-                            new.event,
-                            new.metadata,
-                            at,
-                        )
-                    )
-                outcomes[command] = AppendResult(command.stream, recorded)
-                committed.extend(recorded)
-            statements = statements_for(self._inline, committed)
-            # The projection updates and the COMMIT travel in one round trip.
+            if not in_transaction:
+                return self._decide_and_insert(cur, batch, careful=careful)
             with conn.pipeline():
-                run_statements(cur, statements)
-                conn.commit()
-        return outcomes, committed
+                cur.execute(b"BEGIN")
+                outcomes, committed, again = self._decide_and_insert(cur, batch, careful=careful)
+                run_statements(cur, statements_for(self._inline, committed))
+                cur.execute(b"COMMIT")
+        return outcomes, committed, again
 
-    def _insert(self, cur: psycopg.Cursor[Any], commands: list[_Command]) -> dict[uuid.UUID, Any]:
+    def _decide_and_insert(
+        self, cur: psycopg.Cursor[Any], batch: list[Command], *, careful: bool
+    ) -> tuple[dict[Command, AppendResult | StoreError], list[RecordedEvent], list[Command]]:
+        outcomes: dict[Command, AppendResult | StoreError] = {}
+        again: list[Command] = []
+        committed: list[RecordedEvent] = []
+        if careful:
+            outcomes, _ = self._explain(cur, batch, careful=True)
+        todo = [c for c in batch if c not in outcomes]
+        stored = self._insert(cur, todo) if todo else {}
+        refused = [c for c in todo if c.events[0].event_id not in stored]
+        if refused:
+            explained, again = self._explain(cur, refused, careful=False)
+            outcomes.update(explained)
+        for command in todo:
+            if command in outcomes or command in again:
+                continue
+            recorded = [
+                _recorded(command.stream, new, stored[new.event_id]) for new in command.events
+            ]
+            outcomes[command] = AppendResult(command.stream, recorded)
+            committed.extend(recorded)
+        return outcomes, committed, again
+
+    def _insert(self, cur: psycopg.Cursor[Any], commands: list[Command]) -> dict[uuid.UUID, Any]:
         columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
         streams, expected, ords, ids, types, datas, metas = columns
         for command in commands:
@@ -318,71 +293,55 @@ class GroupCommitWriter:
         return {row[0]: row[1:] for row in cur.fetchall()}
 
     def _explain(
-        self, cur: psycopg.Cursor[Any], commands: list[_Command], *, careful: bool
-    ) -> dict[_Command, AppendResult | StoreError]:
-        """Decide commands from the stored heads and ids: a retry of stored events answered
-        with the originals, or a version conflict. ``careful`` leaves acceptable commands out
-        (they are inserted next); otherwise an acceptable one means the stream moved under us."""
+        self, cur: psycopg.Cursor[Any], commands: list[Command], *, careful: bool
+    ) -> tuple[dict[Command, AppendResult | StoreError], list[Command]]:
+        """Decide commands from the stored heads and ids: a retry of stored events is answered
+        with the originals, a stale expected version is a conflict. Returns those decisions and
+        the commands that are acceptable now: when ``careful`` they are inserted next; otherwise
+        the stream moved between the insert and this read, and they are simply retried."""
         cur.execute(load("heads").encode(), {"streams": [c.stream for c in commands]})
         heads = {stream: (-1 if head is None else head) for stream, head in cur.fetchall()}
         cur.execute(
             load("existing").encode(), {"ids": [e.event_id for c in commands for e in c.events]}
         )
         existing = {row[4]: decode_row(row) for row in cur.fetchall()}
-        explained: dict[_Command, AppendResult | StoreError] = {}
+        decided: dict[Command, AppendResult | StoreError] = {}
+        acceptable: list[Command] = []
         for command in commands:
-            outcome = _decide(command, heads[command.stream], existing)
-            if not isinstance(outcome, int):
-                explained[command] = outcome
-            elif not careful:
-                raise _Redecide
-        return explained
+            outcome = decide(command, heads[command.stream], existing)
+            if isinstance(outcome, int):
+                acceptable.append(command)
+            else:
+                decided[command] = outcome
+        return decided, acceptable
 
-    def _fail(self, batch: list[_Command], error: StoreError) -> None:
+    def _fail(self, batch: list[Command], error: StoreError) -> None:
         for command in batch:
             if not command.future.done():
                 command.future.set_exception(error)
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
-            return psycopg.connect(self._conninfo, **connect_kwargs(self._schema))
+            conn = psycopg.connect(self._conninfo, autocommit=True, **connect_kwargs(self._schema))
         except psycopg.OperationalError as e:
             raise _unavailable(e) from e
+        # The batch statements have the same shape every time: plan them once (planning
+        # otherwise costs more than executing a small batch).
+        conn.execute(b"SET plan_cache_mode = force_generic_plan")
+        return conn
 
     def _reconnect(self) -> None:
         if self._conn is not None:
             self._conn.close()
         try:
-            self._conn = psycopg.connect(self._conninfo, **connect_kwargs(self._schema))
-        except psycopg.OperationalError as e:
-            log.warning("writer_reconnect_failed", error=str(e))
+            self._conn = self._connect()
+        except StoreUnavailable as e:
+            log.warning("writer_reconnect_failed", error=e.message)
 
     def _rollback(self) -> None:
         if self._conn is not None and not self._conn.closed:
             with contextlib.suppress(psycopg.Error):
                 self._conn.rollback()
-
-
-def _decide(
-    command: _Command, head: int, existing: dict[uuid.UUID, RecordedEvent]
-) -> int | AppendResult | StoreError:
-    """The version to append after, the original events of a retried append, or the error."""
-    found = [existing.get(e.event_id) for e in command.events]
-    if any(f is not None for f in found):
-        for new, old in zip(command.events, found, strict=True):
-            if old is None:
-                return EventIdReused(command.stream, str(new.event_id), "only part of the batch")
-            if old.stream != command.stream or old.type != type_name(new.event):
-                return EventIdReused(
-                    command.stream, str(new.event_id), f"as {old.type} in {old.stream}"
-                )
-        versions = [f.version for f in found if f is not None]
-        if versions != list(range(versions[0], versions[0] + len(versions))):
-            return EventIdReused(command.stream, str(command.events[0].event_id), "out of order")
-        return AppendResult(command.stream, [f for f in found if f is not None], duplicate=True)
-    if command.expected not in (ANY, head):
-        return WrongExpectedVersion(command.stream, command.expected, head)
-    return head
 
 
 def _unavailable(e: psycopg.Error) -> StoreUnavailable:
@@ -393,6 +352,14 @@ def _unavailable(e: psycopg.Error) -> StoreUnavailable:
     )
 
 
+def _recorded(stream: str, new: NewEvent, stored: tuple[Any, ...]) -> RecordedEvent:
+    position, version, txid, at = stored
+    return RecordedEvent(
+        stream, version, position, int(txid), new.event_id, type_name(new.event), new.event,
+        new.metadata, at,
+    )  # fmt: skip
+
+
 def _internal(e: Exception) -> StoreError:
     return StoreError(
         f"the writer failed on this batch: {type(e).__name__}: {e}",
@@ -400,7 +367,7 @@ def _internal(e: Exception) -> StoreError:
     )
 
 
-def _refused(e: Exception, command: _Command) -> StoreError:
+def _refused(e: Exception, command: Command) -> StoreError:
     if not isinstance(e, psycopg.Error):
         log.error("writer_command_failed", stream=command.stream, exc_info=e)
         return _internal(e)

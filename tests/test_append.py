@@ -11,6 +11,7 @@ import pytest
 
 from eventstore import (
     ANY,
+    INLINE,
     NO_STREAM,
     EventIdReused,
     EventStore,
@@ -66,10 +67,11 @@ def test_a_stale_expected_version_is_refused_with_code_and_hint(store: EventStor
         store.append("turn-b", [chunk("b")], 5)  # ahead of the stream: would leave a gap
 
 
+@pytest.mark.parametrize("projected", [False, True], ids=["plain", "with-inline-projection"])
 def test_two_stores_racing_on_one_stream_one_wins_and_nothing_is_half_written(
-    servers: Servers, schema: str, store: EventStore, connect: ConnectFactory
+    servers: Servers, schema: str, store: EventStore, connect: ConnectFactory, projected: bool
 ) -> None:
-    other = EventStore(servers.database_url, schema=schema)
+    other = EventStore(servers.database_url, schema=schema, inline=INLINE)  # a second node
     other.open()
     try:
         for round_ in range(30):
@@ -81,8 +83,12 @@ def test_two_stores_racing_on_one_stream_one_wins_and_nothing_is_half_written(
                 s: EventStore, who: str, barrier: threading.Barrier = barrier, stream: str = stream
             ) -> str:
                 barrier.wait()
+                events = [chunk(f"{who}-1"), chunk(f"{who}-2"), chunk(f"{who}-3")]
+                if projected:  # the turns projection runs in the same transaction
+                    meta = Metadata(agent_id="a", session_key="k", turn_id=stream)
+                    events[0] = NewEvent(event=TurnStart(source=who), metadata=meta)
                 try:
-                    s.append(stream, [chunk(f"{who}-1"), chunk(f"{who}-2"), chunk(f"{who}-3")], 0)
+                    s.append(stream, events, 0)
                 except WrongExpectedVersion:
                     return "lost"
                 return "won"
@@ -92,8 +98,15 @@ def test_two_stores_racing_on_one_stream_one_wins_and_nothing_is_half_written(
             assert outcomes == ["lost", "won"]
             events = store.read_stream(stream)
             assert [e.version for e in events] == [0, 1, 2, 3]
-            writers = {e.data.delta.split("-")[0] for e in events[1:]}  # type: ignore[union-attr]
+            writers = {e.data.delta.split("-")[0] for e in events[2:]}  # type: ignore[union-attr]
             assert len(writers) == 1  # all three events of the winner, none of the loser
+            if projected:
+                winner = events[1].data.source  # type: ignore[union-attr]
+                with connect() as conn:
+                    row = conn.execute(
+                        "SELECT source FROM turns WHERE turn_id = %s", [stream]
+                    ).fetchone()
+                assert row == (winner,)
     finally:
         other.close()
 

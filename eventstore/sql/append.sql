@@ -6,8 +6,8 @@
 -- insert and the writer decides the batch again, carefully, against what was committed.
 INSERT INTO events (stream_id, stream_version, event_id, type, data, metadata)
 SELECT i.stream_id, h.head + 1 + i.ord, i.event_id, i.type, i.data, i.metadata
-  FROM unnest(%(streams)s::text[], %(expected)s::bigint[], %(ords)s::int[], %(ids)s::uuid[],
-              %(types)s::text[], %(datas)s::jsonb[], %(metas)s::jsonb[])
+  FROM unnest(%(streams)b::text[], %(expected)b::bigint[], %(ords)b::int[], %(ids)b::uuid[],
+              %(types)b::text[], %(datas)b::text[]::jsonb[], %(metas)b::text[]::jsonb[])
        WITH ORDINALITY AS i(stream_id, expected, ord, event_id, type, data, metadata, n)
  CROSS JOIN LATERAL (
        SELECT coalesce((SELECT e.stream_version
