@@ -55,10 +55,18 @@ import psycopg
 import structlog
 from psycopg import sql
 
-from eventstore import NO_STREAM, START, EventStore, Metadata, NatsHints, NewEvent, RecordedEvent
+from eventstore import (
+    NO_STREAM,
+    START,
+    AppendResult,
+    EventStore,
+    Metadata,
+    NatsHints,
+    NewEvent,
+    RecordedEvent,
+)
 from eventstore._sql import load
 from eventstore.catalogue import ModelChunk
-from eventstore.writer import AppendResult
 from runtime.embedded import EmbeddedServices
 
 perf = time.perf_counter

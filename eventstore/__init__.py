@@ -4,6 +4,7 @@ This package imports nothing else of Dispach (DESIGN.md 3).
 """
 
 from eventstore import catalogue, streams, subjects
+from eventstore.decision import AppendResult
 from eventstore.envelope import (
     START,
     Checkpoint,
@@ -32,7 +33,6 @@ from eventstore.projection import Projection, ProjectionRunner, rebuild
 from eventstore.projections import ASYNC, INLINE, SessionsProjection, TurnsProjection
 from eventstore.store import EventStore
 from eventstore.versions import ANY, NO_STREAM
-from eventstore.writer import AppendResult
 
 __all__ = [
     "ANY",

@@ -17,13 +17,14 @@ import psycopg
 import psycopg_pool
 
 from eventstore._sql import connect_kwargs, decode_row, load
+from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import InvalidAppend, StoreUnavailable
 from eventstore.hints import Hints
 from eventstore.migrations import migrate
 from eventstore.projection import Projection
 from eventstore.versions import ANY, NO_STREAM
-from eventstore.writer import AppendResult, GroupCommitWriter, OnCommit
+from eventstore.writer import GroupCommitWriter, OnCommit
 
 EventFilter = Callable[[RecordedEvent], bool]
 _FIRST_RETRY = 0.001

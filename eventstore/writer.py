@@ -25,6 +25,7 @@ import structlog
 from psycopg import errors as pgerrors
 
 from eventstore._sql import connect_kwargs, decode_row, load
+from eventstore.decision import AppendResult, Command, decide
 from eventstore.envelope import NewEvent, RecordedEvent
 from eventstore.errors import (
     StoreClosed,
