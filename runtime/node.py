@@ -69,7 +69,7 @@ class Node:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             error_cb=_nats_error,
-            disconnected_cb=_nats_disconnected,
+            disconnected_cb=self._nats_disconnected,
             reconnected_cb=_nats_reconnected,
         )
         store = EventStore(
@@ -99,6 +99,10 @@ class Node:
             migrations_applied=applied,
             startup_ms=self.uptime_ms(),
         )
+
+    async def _nats_disconnected(self) -> None:
+        if self._phase != "draining":  # our own drain disconnects on purpose
+            log.warning("nats_disconnected")
 
     def _on_commit(self, committed: Sequence[RecordedEvent]) -> None:
         # Runs on the writer thread, right after a commit: hand the hint to the loop.
@@ -205,10 +209,6 @@ async def serve(settings: Settings) -> int:
 
 async def _nats_error(e: Exception) -> None:
     log.warning("nats_error", error=str(e))
-
-
-async def _nats_disconnected() -> None:
-    log.warning("nats_disconnected")
 
 
 async def _nats_reconnected() -> None:
