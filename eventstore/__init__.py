@@ -16,6 +16,7 @@ from eventstore.envelope import (
     to_wire,
 )
 from eventstore.errors import (
+    DispachError,
     EventIdReused,
     InvalidAppend,
     InvalidCursor,
@@ -43,6 +44,7 @@ __all__ = [
     "START",
     "AppendResult",
     "Checkpoint",
+    "DispachError",
     "Event",
     "EventIdReused",
     "EventStore",

@@ -9,18 +9,30 @@ from __future__ import annotations
 from eventstore.versions import ANY, NO_STREAM
 
 
-class StoreError(Exception):
-    """Base of every error the event store raises."""
+class DispachError(Exception):
+    """Base of every error Dispach reports to a person: a stable ``code`` to branch on, the
+    facts in ``message``, what to do in ``hint``, and the offending ``field`` when there is one.
 
-    code = "store_error"
+    It lives in the lowest package so that every layer raises the same shape and the gateways
+    render any of them as ``{"error": {"code", "message", "hint", "field"?}}``.
+    """
 
-    def __init__(self, message: str, hint: str) -> None:
+    code = "error"
+
+    def __init__(self, message: str, hint: str, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.field = field
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message} ({self.hint})"
+
+
+class StoreError(DispachError):
+    """Base of every error the event store raises."""
+
+    code = "store_error"
 
 
 class WrongExpectedVersion(StoreError):

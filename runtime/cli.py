@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from eventstore.errors import DispachError
 from runtime import config as config_module
-from runtime.errors import RuntimeFailure
 
 if TYPE_CHECKING:
     from eventstore import EventStore, Projection
@@ -162,9 +162,7 @@ def _store() -> Iterator[tuple[EventStore, str | None]]:
 
 @contextmanager
 def _errors() -> Iterator[None]:
-    from eventstore import StoreError
-
     try:
         yield
-    except (RuntimeFailure, StoreError) as e:
+    except DispachError as e:
         raise click.ClickException(f"{e.code}: {e.message}\n  hint: {e.hint}") from e

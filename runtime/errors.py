@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
+from eventstore.errors import DispachError
 
-class RuntimeFailure(Exception):
-    """Base of the runtime's errors: a stable ``code``, the facts in ``message``, and a ``hint``."""
 
+class RuntimeFailure(DispachError):
     code = "runtime_error"
-
-    def __init__(self, message: str, hint: str) -> None:
-        super().__init__(message)
-        self.message = message
-        self.hint = hint
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message} ({self.hint})"
 
 
 class ConfigError(RuntimeFailure):
     code = "invalid_config"
-
-    def __init__(self, message: str, hint: str, field: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.field = field
 
 
 class DataDirInUse(RuntimeFailure):

@@ -18,10 +18,10 @@ import uvicorn
 
 from actors import ActorHost, Portal
 from eventstore import ASYNC, INLINE, EventStore, NatsHints, ProjectionRunner, RecordedEvent
+from eventstore.errors import DispachError
 from gateways import create_app
 from runtime.config import Settings
 from runtime.embedded import EmbeddedServices
-from runtime.errors import RuntimeFailure
 from runtime.logs import redact_url
 
 log = structlog.get_logger("dispach.node")
@@ -183,7 +183,7 @@ async def serve(settings: Settings) -> int:
         error = task.exception()
         if error is not None:
             status = 1
-            if isinstance(error, RuntimeFailure):
+            if isinstance(error, DispachError):
                 log.error(
                     "node_start_failed", code=error.code, error=error.message, hint=error.hint
                 )
