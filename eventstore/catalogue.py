@@ -116,7 +116,12 @@ class ModelRetry(Event, frozen=True):
 
 
 class ModelResult(Event, frozen=True):
+    """One model call finished (or was cut short: ``finish_reason`` says how). ``content`` is the
+    assistant message as the model sent it (text and tool_use blocks, with tool inputs), kept in
+    the log for the transcript and never sent on public streams."""
+
     TYPE: ClassVar[str] = "model.result"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"content"})
     output_tokens: int
     prompt_tokens: int
     finish_reason: str
@@ -127,6 +132,7 @@ class ModelResult(Event, frozen=True):
     first_token_ms: int | None = None
     text: str = ""
     error: ErrorDetail | None = None
+    content: list[dict[str, object]] | None = None
 
 
 class ToolCall(Event, frozen=True):
@@ -293,6 +299,17 @@ class SessionCleared(Event, frozen=True):
     by: str | None = None
 
 
+class SessionNote(Event, frozen=True):
+    """The session-notes tool wrote: ``append`` adds a note, ``replace`` sets all notes to
+    ``text`` (an empty text clears them). Notes are the agent's, so they stay off public streams."""
+
+    TYPE: ClassVar[str] = "session.note"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"text"})
+    action: Literal["append", "replace"]
+    text: str | None = None
+    turn_id: str | None = None
+
+
 register(
     TurnStart,
     TurnAttempt,
@@ -320,4 +337,5 @@ register(
     ScheduleFired,
     ScheduleSkipped,
     SessionCleared,
+    SessionNote,
 )

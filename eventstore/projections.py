@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from psycopg.types.json import Jsonb
+
 from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
     ModelResult,
     SessionCleared,
+    ToolResult,
     TurnAttempt,
     TurnEnd,
     TurnStart,
@@ -176,5 +179,59 @@ class SessionsProjection:
                 return []
 
 
-INLINE: tuple[Projection, ...] = (TurnsProjection(),)
+class MessagesProjection:
+    """Session history: the person's input, the model's messages and tool results, in order.
+
+    ``content`` rows are Anthropic content blocks: a user row holds one text block, an assistant
+    row the blocks the model sent, a tool row one ``tool_result`` block. A cleared session drops
+    its rows (the events stay in the log).
+    """
+
+    name: str = "messages"
+    tables: tuple[str, ...] = ("messages",)
+    types: frozenset[str] = frozenset(
+        {TurnStart.TYPE, ModelResult.TYPE, ToolResult.TYPE, SessionCleared.TYPE}
+    )
+
+    def statements(self, event: RecordedEvent) -> Iterable[Statement]:
+        meta = event.metadata
+        if meta.agent_id is None or meta.session_key is None:
+            return []
+        row: tuple[str, object] | None = None
+        match event.data:
+            case SessionCleared():
+                return [
+                    (
+                        "DELETE FROM messages WHERE agent_id = %s AND session_key = %s",
+                        [meta.agent_id, meta.session_key],
+                    )
+                ]
+            case TurnStart(input=text):
+                row = ("user", {"type": "text", "text": text})
+            case ModelResult(content=content) if content:
+                row = ("assistant", content)
+            case ToolResult() as result:
+                row = (
+                    "tool",
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": result.call_id,
+                        "content": result.output or "",
+                        "is_error": not result.ok,
+                    },
+                )
+        if row is None or meta.turn_id is None:
+            return []
+        role, content_value = row
+        return [
+            (
+                """INSERT INTO messages (agent_id, session_key, position, turn_id, role, content)
+                   VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                [meta.agent_id, meta.session_key, event.position, meta.turn_id, role,
+                 Jsonb(content_value)],
+            )
+        ]  # fmt: skip
+
+
+INLINE: tuple[Projection, ...] = (TurnsProjection(), MessagesProjection())
 ASYNC: tuple[Projection, ...] = (SessionsProjection(),)

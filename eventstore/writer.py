@@ -202,6 +202,8 @@ class GroupCommitWriter:
     ) -> None:
         for command in batch:
             outcome = outcomes[command]
+            if command.future.cancelled():
+                continue  # the caller gave up waiting (e.g. a cancelled turn); it stays stored
             if isinstance(outcome, StoreError):
                 command.future.set_exception(outcome)
             else:

@@ -32,7 +32,8 @@ def main() -> None:
 @click.option("--host", help="Bind address (DISPACH_HOST). Non-loopback needs DISPACH_API_TOKEN.")
 @click.option("--port", type=int, help="Port (DISPACH_PORT, default 7420).")
 @click.option("--home", type=click.Path(), help="Data directory (DISPACH_HOME).")
-def serve(host: str | None, port: int | None, home: str | None) -> None:
+@click.option("--agents", type=click.Path(), help="Directory of agent manifests (DISPACH_AGENTS).")
+def serve(host: str | None, port: int | None, home: str | None, agents: str | None) -> None:
     """Start a node: Postgres, NATS, the event store, actors and the HTTP API."""
     from pathlib import Path
 
@@ -43,7 +44,10 @@ def serve(host: str | None, port: int | None, home: str | None) -> None:
 
     with _errors():
         settings = config_module.from_env(
-            host=host, port=port, home=Path(home).expanduser() if home else None
+            host=host,
+            port=port,
+            home=Path(home).expanduser() if home else None,
+            agents_dir=Path(agents).expanduser() if agents else None,
         )
         configure(settings.log_format, settings.log_level)
         status = uvloop.run(serve_node(settings))

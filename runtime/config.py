@@ -33,6 +33,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 8
     writer_queue: int = 10_000
     drain_seconds: float = 10.0
+    agents_dir: Path | None = None
+    """Where agent manifests live (DISPACH_AGENTS; default: <home>/agents)."""
+
+    @property
+    def agents_path(self) -> Path:
+        return self.agents_dir if self.agents_dir is not None else self.home / "agents"
 
     @property
     def embedded_postgres(self) -> bool:
@@ -66,6 +72,9 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "pool_size": _int(env, "DISPACH_PG_POOL", 8),
         "writer_queue": _int(env, "DISPACH_WRITER_QUEUE", 10_000),
         "drain_seconds": float(_int(env, "DISPACH_DRAIN_SECONDS", 10)),
+        "agents_dir": Path(env["DISPACH_AGENTS"]).expanduser()
+        if env.get("DISPACH_AGENTS")
+        else None,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     settings = Settings(**values)  # type: ignore[arg-type]

@@ -17,9 +17,14 @@ import structlog
 import uvicorn
 
 from actors import ActorHost, Portal
+from actors.agent import Agent
+from actors.engine import Engine
+from actors.router import Router
 from eventstore import ASYNC, INLINE, EventStore, NatsHints, ProjectionRunner, RecordedEvent
 from eventstore.errors import DispachError
 from gateways import create_app
+from gateways.ingress import Ingress
+from runtime import manifest
 from runtime.config import Settings
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
@@ -37,6 +42,10 @@ class Node:
         self.nc: nats.aio.client.Client | None = None
         self._hints: NatsHints | None = None
         self._portal: Portal | None = None
+        self.agents: dict[str, Agent] = {}
+        self.engine: Engine | None = None
+        self._router: Router | None = None
+        self._ingress: Ingress | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._phase = "starting"
         self._started = time.monotonic()
@@ -87,6 +96,14 @@ class Node:
         for projection in ASYNC:
             runner = ProjectionRunner(store, projection)
             self._tasks.append(asyncio.create_task(runner.run(), name=f"projection-{runner.name}"))
+        self.agents = await asyncio.to_thread(manifest.load_all, self.settings.agents_path)
+        self.engine = Engine(store, self.agents, self._portal, self.actors, self.node_id)
+        self._router = Router(self.nc, self.engine)
+        await self._router.start()
+        self._ingress = Ingress(self.nc, set(self.agents))
+        await self._ingress.start()
+        resumed = await self.engine.resume_unfinished()
+        self._tasks.append(asyncio.create_task(self.engine.passivate_idle(), name="passivate"))
         self._phase = "ready"
         log.info(
             "node_ready",
@@ -97,6 +114,8 @@ class Node:
             nats_embedded=self.settings.embedded_nats,
             schema=self.settings.schema,
             migrations_applied=applied,
+            agents=sorted(self.agents),
+            turns_resumed=resumed,
             startup_ms=self.uptime_ms(),
         )
 
@@ -114,6 +133,12 @@ class Node:
         stop embedded services. Safe to call whatever ``start`` reached."""
         self._phase = "draining"
         timeout = self.settings.drain_seconds
+        if self._ingress is not None:
+            await self._ingress.stop()
+        if self._router is not None:
+            await self._router.stop()
+        if self.engine is not None:
+            await self.engine.drain(timeout)
         await asyncio.to_thread(self.actors.stop, timeout)
         for task in self._tasks:
             task.cancel()

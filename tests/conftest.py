@@ -24,7 +24,9 @@ import pytest_asyncio
 from psycopg import sql
 
 from eventstore import INLINE, EventStore, NatsHints, RecordedEvent
+from runtime.config import from_env
 from runtime.embedded import EmbeddedServices
+from runtime.node import Node
 
 
 class _SlowCallbacks(logging.Handler):
@@ -152,3 +154,45 @@ async def live(servers: Servers, schema: str) -> AsyncIterator[LiveStore]:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+class NodeFactory:
+    """Starts in-process nodes (the real ``runtime.node.Node``) on the test's Postgres schema
+    and NATS, with agents from manifests written for the test."""
+
+    def __init__(self, servers: Servers, schema: str, root: Path) -> None:
+        self.servers = servers
+        self.schema = schema
+        self.root = root
+        self.started: list[Node] = []
+
+    def write_agent(self, agent_id: str, manifest: str) -> None:
+        (self.root / "agents").mkdir(parents=True, exist_ok=True)
+        (self.root / "agents" / f"{agent_id}.yaml").write_text(manifest)
+
+    async def start(self, **overrides: Any) -> Node:
+        settings = from_env(
+            {
+                "DATABASE_URL": self.servers.database_url,
+                "NATS_URL": self.servers.nats_url,
+                "DISPACH_DB_SCHEMA": self.schema,
+                "DISPACH_HOME": str(self.root / "home"),
+                "DISPACH_AGENTS": str(self.root / "agents"),
+                "DISPACH_DRAIN_SECONDS": "5",
+            },
+            **overrides,
+        )
+        node = Node(settings)
+        await node.start()
+        self.started.append(node)
+        return node
+
+
+@pytest_asyncio.fixture
+async def node_factory(servers: Servers, schema: str, tmp_path: Path) -> AsyncIterator[NodeFactory]:
+    factory = NodeFactory(servers, schema, tmp_path)
+    try:
+        yield factory
+    finally:
+        for node in reversed(factory.started):
+            await node.stop()

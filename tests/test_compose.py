@@ -336,7 +336,7 @@ def test_dockerfile_installs_the_package_from_its_sources() -> None:
         sources = parts[:-1]
         copied.update(s.rstrip("/") for s in sources)
     project = _pyproject()
-    packages = project["tool"]["setuptools"]["packages"]
+    packages = top_level_packages(project)
     assert set(packages) == {"runtime", "actors", "eventstore", "gateways"}
     needed = {"pyproject.toml", project["project"]["readme"], *packages}
     assert needed <= copied, needed - copied
@@ -357,7 +357,13 @@ def test_dockerignore_keeps_the_build_sources_and_drops_local_state() -> None:
     kept = [
         "pyproject.toml",
         project["project"]["readme"],
-        *project["tool"]["setuptools"]["packages"],
+        *top_level_packages(project),
     ]
     for name in kept:
         assert not any(fnmatch.fnmatch(name, p) for p in patterns), name
+
+
+def top_level_packages(project: dict[str, Any]) -> list[str]:
+    """The installed top-level packages: `packages.find.include` patterns such as `actors*`."""
+    found = project["tool"]["setuptools"]["packages"]["find"]["include"]
+    return sorted({pattern.rstrip("*").split(".")[0] for pattern in found})

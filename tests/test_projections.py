@@ -169,4 +169,4 @@ async def test_two_runners_apply_each_batch_once(
 
 def test_every_projection_is_inline_or_async_once() -> None:
     names = [p.name for p in (*INLINE, *ASYNC)]
-    assert sorted(names) == sorted(set(names)) == ["sessions", "turns"]
+    assert sorted(names) == sorted(set(names)) == ["messages", "sessions", "turns"]

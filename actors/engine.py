@@ -1,0 +1,122 @@
+"""The engine: where a command for a session finds its SessionActor (activated on demand,
+passivated when idle), and where unfinished turns are found and resumed at start."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import defaultdict
+from typing import Any
+
+import pykka
+import structlog
+
+from actors.agent import Agent
+from actors.bridge import Portal
+from actors.host import ActorHost
+from actors.messages import Accepted, Refused, Resume, StopResult, StopTurn, Submit
+from actors.session import IDLE_FOR, SessionActor
+from eventstore import EventStore
+
+log = structlog.get_logger("dispach.engine")
+
+_ASK_TIMEOUT = 30.0
+_UNFINISHED = b"""SELECT turn_id, agent_id, session_key FROM turns
+                  WHERE status = 'running' ORDER BY started_at, turn_id"""
+_TURN = b"SELECT agent_id, session_key, status FROM turns WHERE turn_id = %s"
+
+
+class Engine:
+    def __init__(
+        self,
+        store: EventStore,
+        agents: dict[str, Agent],
+        portal: Portal,
+        host: ActorHost,
+        node_id: str,
+        idle_seconds: float = 900.0,
+    ) -> None:
+        self.store = store
+        self.agents = agents
+        self.portal = portal
+        self.host = host
+        self.node_id = node_id
+        self.idle_seconds = idle_seconds
+        self.running: set[asyncio.Task[Any]] = set()
+        """Tasks of the turns running on this node (touched on the event loop only)."""
+        self._sessions: dict[tuple[str, str], pykka.ActorRef[Any]] = {}
+        self._lock = threading.Lock()
+
+    def session(self, agent_id: str, session_key: str) -> pykka.ActorRef[Any]:
+        """The session's actor, activated if it is not running (thread-safe)."""
+        key = (agent_id, session_key)
+        with self._lock:
+            ref = self._sessions.get(key)
+            if ref is None or not ref.is_alive():
+                ref = self.host.start(SessionActor, self, agent_id, session_key)
+                self._sessions[key] = ref
+            return ref
+
+    async def submit(self, submit: Submit) -> Accepted | Refused:
+        if submit.agent_id not in self.agents:
+            return Refused(
+                code="agent_not_found",
+                message=f"no agent {submit.agent_id!r} on this node",
+                hint=f"known agents: {', '.join(sorted(self.agents))}",
+                field="agentId",
+            )
+        ref = self.session(submit.agent_id, submit.session_key)
+        result: Accepted | Refused = await Portal.wait(ref.ask(submit, block=False), _ASK_TIMEOUT)
+        return result
+
+    async def stop(self, stop: StopTurn) -> StopResult:
+        async with self.store.apool.connection() as conn:
+            row = await (await conn.execute(_TURN, [stop.turn_id])).fetchone()
+        if row is None:
+            return StopResult(stopping=False, state="unknown")
+        agent_id, session_key, status = row
+        if status != "running":
+            return StopResult(stopping=False, state="ended")
+        ref = self.session(agent_id, session_key)
+        result: StopResult = await Portal.wait(ref.ask(stop, block=False), _ASK_TIMEOUT)
+        return result
+
+    async def drain(self, timeout: float) -> None:
+        """Stop every actor (running turns are cancelled without a stop request, so they stay
+        unfinished and resume at the next start) and wait for the turns' tasks to unwind."""
+        await asyncio.to_thread(self.host.stop, timeout)
+        if self.running:
+            await asyncio.wait(set(self.running), timeout=timeout)
+
+    async def resume_unfinished(self) -> int:
+        """Queue every turn without a ``turn.end`` on its session, in acceptance order."""
+        async with self.store.apool.connection() as conn:
+            rows = await (await conn.execute(_UNFINISHED)).fetchall()
+        by_session: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for turn_id, agent_id, session_key in rows:
+            if agent_id in self.agents:
+                by_session[(agent_id, session_key)].append(turn_id)
+            else:
+                log.warning("resume_unknown_agent", turn=turn_id, agent=agent_id)
+        for (agent_id, session_key), turn_ids in by_session.items():
+            self.session(agent_id, session_key).tell(Resume(turn_ids))
+        if rows:
+            log.info("turns_resumed", turns=len(rows), sessions=len(by_session))
+        return len(rows)
+
+    async def passivate_idle(self) -> None:
+        """Stop session actors idle for longer than ``idle_seconds`` (they reactivate on demand)."""
+        while True:
+            await asyncio.sleep(min(60.0, self.idle_seconds))
+            with self._lock:
+                candidates = list(self._sessions.items())
+            for key, ref in candidates:
+                try:
+                    idle_for = await Portal.wait(ref.ask(IDLE_FOR, block=False), _ASK_TIMEOUT)
+                except pykka.ActorDeadError:
+                    idle_for = float("inf")
+                if idle_for > self.idle_seconds:
+                    with self._lock:
+                        if self._sessions.get(key) is ref:
+                            del self._sessions[key]
+                    ref.stop(block=False)

@@ -1,0 +1,63 @@
+"""Commands between the edges and the actors, and their replies (msgspec, JSON on NATS)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from eventstore.catalogue import Deliver
+
+Policy = Literal["queue", "reject", "interrupt"]
+
+
+class Submit(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A message for an agent's session: accepted as a turn, or refused."""
+
+    agent_id: str
+    session_key: str
+    text: str
+    source: str = "api"
+    deliver: Deliver | None = None
+    concurrency: Policy | None = None
+
+
+class Accepted(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    turn_id: str
+    session_key: str
+
+
+class Refused(msgspec.Struct, frozen=True, kw_only=True):
+    code: str
+    message: str
+    hint: str
+    field: str | None = None
+
+
+class StopTurn(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    turn_id: str
+    by: str = "api"
+
+
+class StopResult(msgspec.Struct, frozen=True, kw_only=True):
+    stopping: bool
+    """True when the turn was running or queued and is now stopping."""
+    state: str
+    """``stopping``, ``stopped`` (was queued), ``ended`` (already over) or ``unknown``."""
+
+
+class Resume(msgspec.Struct, frozen=True):
+    turn_ids: list[str]
+
+
+class TurnFinished(msgspec.Struct, frozen=True):
+    turn_id: str
+    reason: str | None
+
+
+class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The envelope of an answer on NATS: exactly one of the fields is set."""
+
+    accepted: Accepted | None = None
+    stop: StopResult | None = None
+    error: Refused | None = None

@@ -1,0 +1,75 @@
+"""Commands reach session actors over NATS: ``dispach.session.<agent>.<session>`` carries a
+``Submit`` and ``dispach.turn.<turnId>`` a ``StopTurn``; the answer is a ``Reply``. Every node
+serves both in one queue group, so each command is handled once. (With several nodes a session
+lease decides which node serves a session; until leases exist, run one node per database.)"""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgspec
+import nats.aio.client
+import nats.aio.msg
+import nats.aio.subscription
+import nats.errors
+import structlog
+
+from actors.engine import Engine
+from actors.messages import Refused, Reply, StopTurn, Submit
+from eventstore import subjects
+
+log = structlog.get_logger("dispach.router")
+
+_QUEUE = "dispach-nodes"
+_SUBMIT = msgspec.json.Decoder(Submit)
+_STOP = msgspec.json.Decoder(StopTurn)
+_REPLY = msgspec.json.Encoder()
+
+
+class Router:
+    def __init__(self, nc: nats.aio.client.Client, engine: Engine) -> None:
+        self._nc = nc
+        self._engine = engine
+        self._subs: list[nats.aio.subscription.Subscription] = []
+
+    async def start(self) -> None:
+        self._subs = [
+            await self._nc.subscribe(f"{subjects.PREFIX}.session.>", _QUEUE, cb=self._submit),
+            await self._nc.subscribe(f"{subjects.PREFIX}.turn.>", _QUEUE, cb=self._stop),
+        ]
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+        self._subs = []
+
+    async def _submit(self, msg: nats.aio.msg.Msg) -> None:
+        try:
+            submit = _SUBMIT.decode(msg.data)
+        except msgspec.ValidationError as e:
+            await _answer(msg, Reply(error=_invalid(e)))
+            return
+        result = await self._engine.submit(submit)
+        reply = Reply(error=result) if isinstance(result, Refused) else Reply(accepted=result)
+        await _answer(msg, reply)
+
+    async def _stop(self, msg: nats.aio.msg.Msg) -> None:
+        try:
+            stop = _STOP.decode(msg.data)
+        except msgspec.ValidationError as e:
+            await _answer(msg, Reply(error=_invalid(e)))
+            return
+        await _answer(msg, Reply(stop=await self._engine.stop(stop)))
+
+
+def _invalid(e: msgspec.ValidationError) -> Refused:
+    return Refused(code="invalid_command", message=str(e), hint="see actors/messages.py")
+
+
+async def _answer(msg: nats.aio.msg.Msg, reply: Reply) -> None:
+    if msg.reply:
+        try:
+            await msg.respond(_REPLY.encode(reply))
+        except nats.errors.Error as e:
+            log.warning("reply_failed", error=str(e))

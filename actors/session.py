@@ -1,0 +1,115 @@
+"""SessionActor: the single door of one session. It accepts messages as turns (appending each
+``turn.start``), runs them one at a time, and applies the session's concurrency policy to a
+message that arrives while a turn runs: ``queue`` it, ``reject`` it, or ``interrupt`` the running
+turn and run it next."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import pykka
+import structlog
+
+from actors import ids
+from actors.messages import (
+    Accepted,
+    Refused,
+    Resume,
+    StopResult,
+    StopTurn,
+    Submit,
+    TurnFinished,
+)
+from actors.turn.actor import TurnActor
+from actors.turn.runner import TurnRunner
+from eventstore import NO_STREAM, Metadata, NewEvent, streams
+from eventstore.catalogue import Tokens, TurnEnd, TurnStart
+
+if TYPE_CHECKING:
+    from actors.engine import Engine
+
+log = structlog.get_logger("dispach.session")
+
+IDLE_FOR = "idle-for"
+"""Ask: seconds since the session last did anything (0 while a turn runs or waits)."""
+
+
+class SessionActor(pykka.ThreadingActor):
+    def __init__(self, engine: Engine, agent_id: str, session_key: str) -> None:
+        super().__init__()
+        self._engine = engine
+        self._agent = engine.agents[agent_id]
+        self._session_key = session_key
+        self._queue: deque[str] = deque()
+        self._running: tuple[str, pykka.ActorRef[Any]] | None = None
+        self.last_active = time.monotonic()
+
+    def on_receive(self, message: Any) -> Any:
+        if message == IDLE_FOR:
+            busy = self._running is not None or bool(self._queue)
+            return 0.0 if busy else time.monotonic() - self.last_active
+        self.last_active = time.monotonic()
+        match message:
+            case Submit() as submit:
+                return self._submit(submit)
+            case StopTurn() as stop:
+                return self._stop_turn(stop)
+            case Resume(turn_ids=turn_ids):
+                self._queue.extend(t for t in turn_ids if t not in self._queue)
+                self._start_next()
+                return None
+            case TurnFinished(turn_id=turn_id):
+                if self._running is not None and self._running[0] == turn_id:
+                    self._running = None
+                self._start_next()
+                return None
+        return None
+
+    def _submit(self, submit: Submit) -> Accepted | Refused:
+        policy = submit.concurrency or self._agent.concurrency
+        busy = self._running is not None or bool(self._queue)
+        if busy and policy == "reject":
+            return Refused(
+                code="session_busy",
+                message=f"session {self._session_key!r} is running a turn",
+                hint="wait for its turn.end, send with concurrency 'queue', or stop it first",
+            )
+        turn_id = ids.turn_id()
+        meta = Metadata(agent_id=self._agent.id, session_key=self._session_key, turn_id=turn_id)
+        start = TurnStart(source=submit.source, input=submit.text, deliver=submit.deliver)
+        # 202 means durable: the turn exists once this append has committed.
+        self._engine.store.append(
+            streams.turn(turn_id), [NewEvent(event=start, metadata=meta)], NO_STREAM
+        )
+        self._queue.append(turn_id)
+        if policy == "interrupt" and self._running is not None:
+            self._running[1].tell(StopTurn(turn_id=self._running[0], by="interrupt"))
+        self._start_next()
+        return Accepted(turn_id=turn_id, session_key=self._session_key)
+
+    def _stop_turn(self, stop: StopTurn) -> StopResult:
+        if self._running is not None and self._running[0] == stop.turn_id:
+            self._running[1].tell(stop)
+            return StopResult(stopping=True, state="stopping")
+        if stop.turn_id in self._queue:
+            self._queue.remove(stop.turn_id)
+            self._end_queued(stop.turn_id)
+            return StopResult(stopping=True, state="stopped")
+        return StopResult(stopping=False, state="unknown")
+
+    def _end_queued(self, turn_id: str) -> None:
+        meta = Metadata(agent_id=self._agent.id, session_key=self._session_key, turn_id=turn_id)
+        end = TurnEnd(reason="stopped", steps=0, tokens=Tokens(), duration_ms=0)
+        self._engine.store.append(streams.turn(turn_id), [NewEvent(event=end, metadata=meta)])
+
+    def _start_next(self) -> None:
+        if self._running is not None or not self._queue:
+            return
+        turn_id = self._queue.popleft()
+        engine = self._engine
+        runner = TurnRunner(engine.store, self._agent, turn_id, self._session_key, engine.node_id)
+        me = self.actor_ref
+        ref = engine.host.start(TurnActor, engine.portal, runner, me.tell, engine.running)
+        self._running = (turn_id, ref)

@@ -1,0 +1,34 @@
+"""The tool layer of the turn engine: what a tool is, the registry that checks calls against
+their schemas, the execution of calls (bounded, parallel when read-only), session notes, the
+built-in tools and the loading of operator-written ones."""
+
+from actors.tools.builtins import BUILTINS, calculator, current_time, session_notes
+from actors.tools.custom import load_custom
+from actors.tools.errors import DuplicateTool, InvalidToolSchema, ToolError, ToolLoadError
+from actors.tools.execute import execute, execute_calls, truncate
+from actors.tools.notes import Notes, StoreNotes
+from actors.tools.registry import ToolRegistry, args_hash
+from actors.tools.spec import ToolContext, ToolOutcome, ToolRun, ToolSpec
+
+__all__ = [
+    "BUILTINS",
+    "DuplicateTool",
+    "InvalidToolSchema",
+    "Notes",
+    "StoreNotes",
+    "ToolContext",
+    "ToolError",
+    "ToolLoadError",
+    "ToolOutcome",
+    "ToolRegistry",
+    "ToolRun",
+    "ToolSpec",
+    "args_hash",
+    "calculator",
+    "current_time",
+    "execute",
+    "execute_calls",
+    "load_custom",
+    "session_notes",
+    "truncate",
+]

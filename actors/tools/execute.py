@@ -1,0 +1,123 @@
+"""Running tool calls: bounded in time, failures turned into outcomes the model can read."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from actors.tools.spec import ToolContext, ToolOutcome, ToolSpec
+
+Call = tuple[ToolSpec, dict[str, Any], ToolContext]
+
+
+async def execute(
+    spec: ToolSpec,
+    args: dict[str, Any],
+    ctx: ToolContext,
+    *,
+    timeout_s: float,
+    max_output_chars: int,
+) -> ToolOutcome:
+    """Run one call. A timeout or an exception becomes a failed outcome; ``CancelledError`` (the
+    turn is being stopped) propagates.
+
+    A plain function runs in a worker thread, which cannot be stopped: after a timeout it runs on
+    to its end and its result is dropped. Coroutine tools are cancelled at the timeout.
+    """
+    started = time.perf_counter()
+    deadline = asyncio.timeout(timeout_s)
+    try:
+        async with deadline:
+            result = await _run(spec, args, ctx)
+    except TimeoutError as e:
+        if not deadline.expired():
+            # The tool's own TimeoutError (a socket, a lock): a failure like any other.
+            return _outcome(False, _describe(e), started, max_output_chars, "tool_failed")
+        message = f"the tool did not finish within {timeout_s:g} s"
+        return _outcome(False, message, started, max_output_chars, "tool_timeout")
+    except Exception as e:  # noqa: BLE001 - whatever a tool raises, the model reads it as output
+        return _outcome(False, _describe(e), started, max_output_chars, "tool_failed")
+    if not isinstance(result, str):
+        message = f"the tool returned {type(result).__name__}, not the str a tool must return"
+        return _outcome(False, message, started, max_output_chars, "tool_failed")
+    return _outcome(True, result, started, max_output_chars)
+
+
+async def execute_calls(
+    calls: Sequence[Call],
+    *,
+    timeout_for: Callable[[ToolSpec], float],
+    max_output_chars: int,
+) -> list[ToolOutcome]:
+    """Run the calls of one model step; the outcomes are in the order of ``calls``.
+
+    Read-only calls run first, all at once: they have no effects, so their order cannot matter
+    and the step waits only for the slowest. Mutating calls then run one at a time in the order
+    the model gave them, so their effects happen in that order (an append before a replace stays
+    before it). The reads therefore see the state from before this step's writes.
+    """
+    outcomes: dict[int, ToolOutcome] = {}
+
+    async def run(index: int) -> None:
+        spec, args, ctx = calls[index]
+        outcomes[index] = await execute(
+            spec, args, ctx, timeout_s=timeout_for(spec), max_output_chars=max_output_chars
+        )
+
+    # A TaskGroup owns the parallel reads: if the turn is cancelled, it cancels and awaits them
+    # all before the cancellation goes on, so no tool outlives the step that started it.
+    async with asyncio.TaskGroup() as group:
+        for index, (spec, _, _) in enumerate(calls):
+            if not spec.mutating:
+                group.create_task(run(index))
+    for index, (spec, _, _) in enumerate(calls):
+        if spec.mutating:
+            await run(index)
+    return [outcomes[index] for index in range(len(calls))]
+
+
+async def _run(spec: ToolSpec, args: dict[str, Any], ctx: ToolContext) -> object:
+    if inspect.iscoroutinefunction(spec.run):
+        return await spec.run(args, ctx)
+    result: object = await asyncio.to_thread(spec.run, args, ctx)
+    if inspect.isawaitable(result):  # a plain callable that returns a coroutine
+        return await result
+    return result
+
+
+def _outcome(
+    ok: bool, output: str, started: float, limit: int, error_code: str | None = None
+) -> ToolOutcome:
+    latency_ms = round((time.perf_counter() - started) * 1000)
+    kept, truncated = truncate(output, limit)
+    size = len(output.encode("utf-8", "surrogatepass"))
+    return ToolOutcome(
+        ok=ok,
+        output=kept,
+        truncated=truncated,
+        bytes=size,
+        latency_ms=latency_ms,
+        error_code=error_code,
+    )
+
+
+def truncate(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` if it fits in ``limit`` characters; else its head (3/4) and tail (1/4) with a note
+    between them saying how much was left out. The tail is kept because that is where errors and
+    totals usually are."""
+    total = len(text)
+    if total <= limit:
+        return text, False
+    head = limit * 3 // 4
+    tail = limit - head
+    omitted = total - head - tail
+    note = f"\n…[truncated: {omitted} of {total} characters omitted]…\n"
+    return text[:head] + note + text[total - tail :], True
+
+
+def _describe(error: BaseException) -> str:
+    message = str(error)
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

@@ -1,0 +1,61 @@
+"""What a tool is (:class:`ToolSpec`), what it sees while it runs (:class:`ToolContext`) and what
+running it produced (:class:`ToolOutcome`)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+from actors.tools.notes import Notes
+
+
+class ToolContext(Protocol):
+    """The turn a tool call belongs to, and the session state a tool may touch."""
+
+    @property
+    def agent_id(self) -> str: ...
+
+    @property
+    def session_key(self) -> str: ...
+
+    @property
+    def turn_id(self) -> str: ...
+
+    @property
+    def call_id(self) -> str: ...
+
+    @property
+    def notes(self) -> Notes: ...
+
+
+ToolRun = Callable[[dict[str, Any], ToolContext], str | Awaitable[str]]
+"""A tool's body: validated arguments in, the text the model reads out. A plain function runs in a
+worker thread; a coroutine function runs on the event loop and must not block it."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    mutating: bool
+    """It changes something outside the turn: such calls run one at a time, in the model's order."""
+    run: ToolRun
+    timeout_s: float | None = None
+    """None: the turn's default timeout."""
+
+
+class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    output: str
+    """What the model reads: the tool's text, or what went wrong; cut to the turn's limit."""
+    truncated: bool
+    bytes: int
+    """UTF-8 size of the whole output, before it was cut."""
+    latency_ms: int
+    error_code: str | None = None
+    """Why ``ok`` is false: ``tool_timeout`` or ``tool_failed`` from :func:`execute`, or
+    ``tool_cancelled`` when the turn engine records a call its stopping turn cut short."""

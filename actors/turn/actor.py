@@ -1,0 +1,89 @@
+"""TurnActor: owns one running turn. Its step loop runs on the event loop (see runner.py); the
+actor is the turn's mailbox: stop requests, and the news that the loop ended."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pykka
+import structlog
+
+from actors.bridge import Portal
+from actors.messages import StopTurn, TurnFinished
+from actors.turn.runner import TurnRunner
+
+log = structlog.get_logger("dispach.turn")
+
+
+class TurnActor(pykka.ThreadingActor):
+    def __init__(
+        self,
+        portal: Portal,
+        runner: TurnRunner,
+        on_finished: Callable[[TurnFinished], None],
+        running: set[asyncio.Task[Any]],
+    ) -> None:
+        super().__init__()
+        self._running = running
+        self._portal = portal
+        self._runner = runner
+        self._on_finished = on_finished
+        self._future: concurrent.futures.Future[Any] | None = None
+        self._task: asyncio.Task[Any] | None = None  # touched on the event loop only
+        self._cancel_first = False
+
+    def on_start(self) -> None:
+        self._future = self._portal.spawn(self._run())
+        self._future.add_done_callback(self._done)
+
+    async def _run(self) -> str | None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._running.add(task)
+        try:
+            if self._cancel_first and self._runner.stop_requested is None:
+                raise asyncio.CancelledError  # drained before it began: resumed at next start
+            return await self._runner.run()
+        finally:
+            self._running.discard(task)
+
+    def _cancel(self) -> None:
+        """On the event loop: cancel the runner's task. Its future completes only once the task
+        has appended the turn's end, so the next turn of the session never overlaps it."""
+        if self._task is None:
+            self._cancel_first = True
+        else:
+            self._task.cancel()
+
+    def _done(self, future: concurrent.futures.Future[Any]) -> None:
+        reason: str | None = None
+        if future.cancelled():
+            reason = None
+        elif (error := future.exception()) is not None:
+            log.error("turn_failed", turn=self._runner.turn_id, exc_info=error)
+        else:
+            reason = future.result()
+        # If the actor is gone the node is draining; the turn is resumed at the next start.
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(TurnFinished(self._runner.turn_id, reason))
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case StopTurn(by=by):
+                self._runner.request_stop(by)
+                self._portal.call_soon(self._cancel)
+                return True
+            case TurnFinished() as finished:
+                self._on_finished(finished)
+                self.stop()
+        return None
+
+    def on_stop(self) -> None:
+        # Draining: cancel without a stop request, so the turn stays unfinished and resumes.
+        if self._future is not None and not self._future.done():
+            self._portal.call_soon(self._cancel)

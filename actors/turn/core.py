@@ -1,0 +1,236 @@
+"""The pure core of a turn: its state folded from its events, and the decisions of the loop.
+
+Nothing here does I/O. The runner appends events and folds each into the state with
+:func:`evolve`; after a crash the same fold over the stored stream rebuilds the state, which is
+how a resumed turn knows which steps are done and which tool calls were left open.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from eventstore import RecordedEvent
+from eventstore.catalogue import (
+    EndReason,
+    ErrorDetail,
+    ModelResult,
+    ToolCall,
+    ToolRepair,
+    ToolResult,
+    TurnAttempt,
+    TurnEnd,
+    TurnStart,
+)
+from eventstore.event import Event, UnknownEvent
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    max_steps: int = 8
+    turn_timeout_s: float = 300.0
+    tool_timeout_s: float = 30.0
+    max_output_tokens: int = 32_000
+    """Output tokens the whole turn may produce, over all its steps."""
+    max_tool_output_chars: int = 16_000
+
+
+class OpenCall(msgspec.Struct, frozen=True):
+    """A tool call whose start is in the log and whose result is not (yet)."""
+
+    call_id: str
+    slug: str
+    mutating: bool
+    args: dict[str, Any]
+
+
+class TurnState(msgspec.Struct, frozen=True, kw_only=True):
+    turn_id: str = ""
+    version: int = -1
+    input: str = ""
+    source: str = ""
+    started: bool = False
+    attempt: int = 0
+    steps: int = 0
+    repairs: int = 0
+    transcript: tuple[dict[str, Any], ...] = ()
+    """This turn's messages after the person's input, in the model's format."""
+    texts: tuple[str, ...] = ()
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    open_calls: tuple[OpenCall, ...] = ()
+    last_finish_reason: str | None = None
+    ended: EndReason | None = None
+
+    @property
+    def text(self) -> str:
+        """The prose of the turn so far, one paragraph per step that had any."""
+        return "\n\n".join(t for t in self.texts if t)
+
+
+def evolve(state: TurnState, event: RecordedEvent) -> TurnState:
+    """The state after ``event`` (which must be the next event of this turn's stream)."""
+    return apply(state, event.data, version=event.version, turn_id=event.metadata.turn_id)
+
+
+def apply(
+    state: TurnState, data: Event | UnknownEvent, *, version: int, turn_id: str | None = None
+) -> TurnState:
+    """The state after an event's data, stored at ``version`` of the turn's stream."""
+    replace = msgspec.structs.replace
+    state = replace(state, version=version)
+    match data:
+        case TurnStart(input=text, source=source):
+            return replace(state, turn_id=turn_id or "", input=text, source=source, started=True)
+        case TurnAttempt(attempt=attempt):
+            return replace(state, attempt=attempt)
+        case ModelResult() as result:
+            transcript = state.transcript
+            if result.content:
+                transcript = (*transcript, {"role": "assistant", "content": result.content})
+            return replace(
+                state,
+                steps=state.steps + 1,
+                transcript=transcript,
+                texts=(*state.texts, result.text),
+                last_finish_reason=result.finish_reason,
+                prompt_tokens=result.prompt_tokens,
+                output_tokens=state.output_tokens + result.output_tokens,
+                cache_read_tokens=state.cache_read_tokens + result.cache_read_tokens,
+                cache_write_tokens=state.cache_write_tokens + result.cache_write_tokens,
+            )
+        case ToolCall() as call:
+            opened = OpenCall(call.call_id, call.slug, call.mutating, dict(call.args or {}))
+            return replace(state, open_calls=(*state.open_calls, opened))
+        case ToolResult() as result:
+            block = {
+                "type": "tool_result",
+                "tool_use_id": result.call_id,
+                "content": result.output or "",
+                "is_error": not result.ok,
+            }
+            messages = list(state.transcript)
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "user":
+                messages[-1] = {"role": "user", "content": [*last["content"], block]}
+            else:
+                messages.append({"role": "user", "content": [block]})
+            return replace(
+                state,
+                transcript=tuple(messages),
+                open_calls=tuple(c for c in state.open_calls if c.call_id != result.call_id),
+            )
+        case ToolRepair():
+            return replace(state, repairs=state.repairs + 1)
+        case TurnEnd(reason=reason):
+            return replace(state, ended=reason)
+        case _:
+            return state
+
+
+def fold(events: list[RecordedEvent]) -> TurnState:
+    state = TurnState()
+    for event in events:
+        state = evolve(state, event)
+    return state
+
+
+def last_reply(state: TurnState) -> list[dict[str, Any]] | None:
+    """The content of the model's last reply if nothing has followed it yet in this turn."""
+    if state.transcript and state.transcript[-1]["role"] == "assistant":
+        content: list[dict[str, Any]] = state.transcript[-1]["content"]
+        return content
+    return None
+
+
+def unanswered_tool_uses(state: TurnState) -> list[dict[str, Any]]:
+    """``tool_use`` blocks of the last reply that have no ``tool_result`` yet, in order."""
+    for index in range(len(state.transcript) - 1, -1, -1):
+        message = state.transcript[index]
+        if message["role"] == "assistant":
+            answered = {
+                block.get("tool_use_id")
+                for later in state.transcript[index + 1 :]
+                for block in later["content"]
+            }
+            return [
+                block
+                for block in message["content"]
+                if block.get("type") == "tool_use" and block["id"] not in answered
+            ]
+    return []
+
+
+# --- decisions ---------------------------------------------------------------------------------
+
+
+class End(msgspec.Struct, frozen=True):
+    reason: EndReason
+    error: ErrorDetail | None = None
+
+
+class RunTools(msgspec.Struct, frozen=True):
+    calls: list[dict[str, Any]]
+    """The ``tool_use`` blocks of the step, in the model's order."""
+
+
+class Continue(msgspec.Struct, frozen=True):
+    pass
+
+
+StepOutcome = End | RunTools
+
+
+def after_model(state: TurnState, content: list[dict[str, Any]], stop_reason: str,
+                limits: Limits) -> StepOutcome:  # fmt: skip
+    """What follows a model reply (``state`` already includes it)."""
+    tool_uses = [block for block in content if block.get("type") == "tool_use"]
+    if stop_reason == "max_tokens" and not tool_uses:
+        return End("output_limit", _output_limit(state, limits))
+    if stop_reason == "refusal":
+        return End("error", ErrorDetail(
+            code="model_refused", message="the model declined to answer",
+            hint="rephrase the request; the refusal is in the turn's events",
+        ))  # fmt: skip
+    if not tool_uses:
+        return End("final")
+    if state.output_tokens >= limits.max_output_tokens:
+        return End("output_limit", _output_limit(state, limits))
+    return RunTools(tool_uses)
+
+
+def after_tools(state: TurnState, limits: Limits) -> End | Continue:
+    """After a step's tool results: another model call, or the step cap."""
+    if state.steps >= limits.max_steps:
+        return End("max_steps", ErrorDetail(
+            code="max_steps",
+            message=f"stopped after {state.steps} steps with tool work still pending",
+            hint="say \"continue\" to go on, or raise limits.max_steps in the agent's manifest",
+        ))  # fmt: skip
+    return Continue()
+
+
+def repair_outcome(state: TurnState, invalid: dict[str, list[str]]) -> End | None:
+    """One repair round is allowed per turn; invalid tool input after it ends the turn."""
+    if invalid and state.repairs >= 1:
+        slug_errors = "; ".join(f"{call}: {', '.join(errs)}" for call, errs in invalid.items())
+        return End("error", ErrorDetail(
+            code="tool_repair_failed",
+            message=f"the model sent invalid tool input again after a repair round ({slug_errors})",
+            hint="check the tool's input schema and description, or use a stronger model",
+        ))  # fmt: skip
+    return None
+
+
+def remaining_output(state: TurnState, limits: Limits, per_call: int) -> int:
+    return max(1, min(per_call, limits.max_output_tokens - state.output_tokens))
+
+
+def _output_limit(state: TurnState, limits: Limits) -> ErrorDetail:
+    return ErrorDetail(
+        code="output_limit",
+        message=f"the reply reached the output limit ({state.output_tokens} output tokens)",
+        hint="raise model.max_output_tokens or limits.max_output_tokens in the agent's manifest",
+    )

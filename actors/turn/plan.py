@@ -1,0 +1,77 @@
+"""Planning a step's tool calls: which run now, which were cut short by a crash, which are
+invalid. Pure: the runner appends and executes what the plan says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.tools import ToolRegistry, ToolSpec
+from actors.turn.core import OpenCall, TurnState
+from eventstore.catalogue import ToolRepair, ToolResult
+from eventstore.event import Event
+
+UNCERTAIN = (
+    "uncertain: the node stopped while this call was running, so it may or may not have taken "
+    "effect; check before repeating it"
+)
+
+
+@dataclass
+class ToolPlan:
+    start: list[tuple[dict[str, Any], ToolSpec]] = field(default_factory=list)
+    """New calls, valid: announced with ``tool.call``, then run."""
+    rerun: list[tuple[OpenCall, ToolSpec]] = field(default_factory=list)
+    """Read-only calls a crash cut short: run again (no side effect to repeat)."""
+    uncertain: list[OpenCall] = field(default_factory=list)
+    """Mutating calls a crash cut short: never re-run, reported as uncertain."""
+    invalid: dict[str, list[str]] = field(default_factory=dict)
+    """Call id → its input's errors (``path: message``)."""
+
+
+def plan(state: TurnState, pending: list[dict[str, Any]], registry: ToolRegistry) -> ToolPlan:
+    opened = {c.call_id: c for c in state.open_calls}
+    result = ToolPlan()
+    for block in pending:
+        call_id, name = block["id"], block["name"]
+        spec = registry.get(name)
+        if call_id in opened:  # started before a crash, never finished
+            if spec is None or opened[call_id].mutating:
+                result.uncertain.append(opened[call_id])
+            else:
+                result.rerun.append((opened[call_id], spec))
+            continue
+        errors = registry.validate(name, block.get("input") or {})
+        if block.get("invalid_json"):
+            errors = [f"$: the input is not valid JSON ({block['invalid_json']})"]
+        if errors or spec is None:
+            result.invalid[call_id] = errors
+        else:
+            result.start.append((block, spec))
+    return result
+
+
+def repair_events(pending: list[dict[str, Any]], invalid: dict[str, list[str]],
+                  last_chance: bool) -> list[Event]:  # fmt: skip
+    """``tool.repair`` and an error result per invalid call, naming each field's problem."""
+    blocks = [b for b in pending if b["id"] in invalid]
+    events: list[Event] = [ToolRepair(
+        slugs=[b["name"] for b in blocks],
+        errors=[f"{b['name']} {e}" for b in blocks for e in invalid[b["id"]]],
+    )]  # fmt: skip
+    for block in blocks:
+        message = "invalid input: " + "; ".join(invalid[block["id"]])
+        if last_chance:
+            message += ". Fix the input and call the tool again."
+        events.append(not_run(block, message))
+    return events
+
+
+def not_run(block: dict[str, Any], why: str) -> ToolResult:
+    return ToolResult(slug=block["name"], call_id=block["id"], ok=False, latency_ms=0,
+                      bytes=len(why.encode()), output=why)  # fmt: skip
+
+
+def closed(call: OpenCall, why: str, *, uncertain: bool = False) -> ToolResult:
+    return ToolResult(slug=call.slug, call_id=call.call_id, ok=False, latency_ms=0,
+                      bytes=len(why.encode()), uncertain=uncertain, output=why)  # fmt: skip

@@ -1,0 +1,333 @@
+"""Running one turn: the step loop as a coroutine on the node's event loop.
+
+Model streams and tool calls are I/O that a stop must interrupt within 250 ms, so the loop is a
+coroutine (cancellation reaches any await at once) owned by a pykka TurnActor. Every fact is an
+event appended to the turn's stream before the loop acts on it, and the state is the fold of
+those events, so a turn resumed after a crash picks up exactly where its log ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from actors import ids
+from actors.agent import Agent
+from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
+from actors.tools import args_hash, execute_calls
+from actors.tools.notes import StoreNotes
+from actors.turn import context
+from actors.turn.core import (
+    End,
+    RunTools,
+    TurnState,
+    after_model,
+    after_tools,
+    apply,
+    evolve,
+    fold,
+    last_reply,
+    remaining_output,
+    repair_outcome,
+    unanswered_tool_uses,
+)
+from actors.turn.plan import UNCERTAIN, closed, not_run, plan, repair_events
+from eventstore import EventStore, Metadata, NewEvent, WrongExpectedVersion, streams
+from eventstore.catalogue import (
+    ContextAssembled,
+    ErrorDetail,
+    ModelCall,
+    ModelChunk,
+    ModelResult,
+    ModelRetry,
+    Tokens,
+    ToolCall,
+    ToolResult,
+    TurnAttempt,
+    TurnEnd,
+)
+from eventstore.event import Event
+
+log = structlog.get_logger("dispach.turn")
+
+_CHUNK_CHARS = 512
+_CHUNK_SECONDS = 0.05
+_CANCELLED = (
+    "cancelled: the turn ended before this tool call finished; any side effect it had may "
+    "already have happened"
+)
+
+
+class ToolCallContext:
+    """What a tool sees of its turn (the ``ToolContext`` port)."""
+
+    def __init__(self, agent_id: str, session_key: str, turn_id: str, call_id: str,
+                 notes: StoreNotes) -> None:  # fmt: skip
+        self.agent_id = agent_id
+        self.session_key = session_key
+        self.turn_id = turn_id
+        self.call_id = call_id
+        self.notes = notes
+
+
+class TurnRunner:
+    def __init__(
+        self, store: EventStore, agent: Agent, turn_id: str, session_key: str, node_id: str
+    ) -> None:
+        self.store = store
+        self.agent = agent
+        self.turn_id = turn_id
+        self.session_key = session_key
+        self.node_id = node_id
+        self.stream = streams.turn(turn_id)
+        self.stop_requested: str | None = None
+        self.state = TurnState()
+        self._meta = Metadata(agent_id=agent.id, session_key=session_key, turn_id=turn_id)
+        self._step_id: str | None = None
+        self._partial: list[str] = []
+        self._unflushed: list[str] = []
+        self._in_model_call = False
+        self._started_at = datetime.now(UTC)
+        self._notes = StoreNotes(store, agent.id, session_key, turn_id)
+
+    def stopping(self) -> bool:
+        """Whether a stop was asked for (a method: it changes across awaits)."""
+        return self.stop_requested is not None
+
+    def request_stop(self, by: str) -> None:
+        """Mark the stop as asked for; the owner then cancels the task running :meth:`run`."""
+        self.stop_requested = by
+
+    async def run(self) -> str | None:
+        """Run (or resume) the turn to its end; returns the end reason, or None if another node
+        owns the turn. A cancellation without a stop request (the node draining) leaves the turn
+        unfinished on purpose: it is resumed at the next start."""
+        stored = await self.store.aread_stream(self.stream)
+        if not stored:
+            return None
+        self._started_at = stored[0].recorded_at
+        self.state = fold(stored)
+        if self.state.ended is not None:
+            return self.state.ended
+        if self.stopping():  # stopped before it began
+            await self._finish(End("stopped"))
+            return "stopped"
+        try:
+            await self._append([TurnAttempt(
+                attempt=self.state.attempt + 1, node=self.node_id,
+                resumed_from_step=self.state.steps,
+            )])  # fmt: skip
+            history = await context.load_history(
+                self.store, self.agent.id, self.session_key, self.turn_id
+            )
+            elapsed = (datetime.now(UTC) - self._started_at).total_seconds()
+            budget = max(0.0, self.agent.limits.turn_timeout_s - elapsed)
+            try:
+                async with asyncio.timeout(budget):
+                    end = await self._loop(history)
+            except TimeoutError:
+                end = End("timeout", ErrorDetail(
+                    code="turn_timeout",
+                    message=f"the turn ran past its {self.agent.limits.turn_timeout_s:g} s limit",
+                    hint="raise limits.turn_timeout_s in the agent's manifest, or ask for less",
+                ))  # fmt: skip
+            except ModelError as e:
+                end = End("error", ErrorDetail(code=e.code, message=e.message, hint=e.hint))
+        except asyncio.CancelledError:
+            if not self.stopping():
+                raise
+            end = End("stopped")
+        except WrongExpectedVersion:
+            log.warning("turn_taken_over", turn=self.turn_id)
+            return None
+        await self._finish(end)
+        return end.reason
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    async def _loop(self, history: list[dict[str, Any]]) -> End:
+        limits = self.agent.limits
+        while True:
+            pending = unanswered_tool_uses(self.state)
+            if pending:
+                ended = await self._run_tools(pending)
+                after = ended or after_tools(self.state, limits)
+                if isinstance(after, End):
+                    return after
+                continue
+            reply = last_reply(self.state)
+            if reply is not None and self.state.last_finish_reason is not None:
+                # A reply without tool calls is already stored (resumed after a crash that came
+                # between it and turn.end): decide as if it had just arrived.
+                decided = after_model(self.state, reply, self.state.last_finish_reason, limits)
+                if isinstance(decided, End):
+                    return decided
+            completed = await self._call_model(history)
+            decided = after_model(self.state, completed.content, completed.stop_reason, limits)
+            if isinstance(decided, End):
+                return decided
+            assert isinstance(decided, RunTools)
+
+    async def _call_model(self, history: list[dict[str, Any]]) -> Completed:
+        agent, state = self.agent, self.state
+        tools = agent.tools.definitions()
+        messages = context.conversation(history, state.input, state.transcript)
+        request = ModelRequest(
+            model=agent.model_id,
+            system=agent.system,
+            messages=messages,
+            tools=tools,
+            max_tokens=remaining_output(state, agent.limits, agent.max_tokens_per_call),
+        )
+        slots = context.slots(agent.system, tools, history, state.input, state.transcript)
+        self._step_id = ids.step_id()
+        total = sum(s.tokens for s in slots)
+        await self._append([
+            ContextAssembled(slots=slots, total=total),
+            ModelCall(role="main", model=agent.model_id, prompt_tokens=total),
+        ])  # fmt: skip
+        self._partial, self._unflushed = [], []
+        self._in_model_call = True
+        started = time.monotonic()
+        last_flush = started
+        completed: Completed | None = None
+        async for event in agent.model.stream(request):
+            match event:
+                case TextDelta(text=text):
+                    self._partial.append(text)
+                    self._unflushed.append(text)
+                    now = time.monotonic()
+                    size = sum(len(t) for t in self._unflushed)
+                    if size >= _CHUNK_CHARS or now - last_flush >= _CHUNK_SECONDS:
+                        await self._flush_chunks()
+                        last_flush = now
+                case Retrying() as retry:
+                    await self._append([ModelRetry(
+                        status=retry.status, attempt=retry.attempt, delay_ms=retry.delay_ms,
+                    )])  # fmt: skip
+                case Completed():
+                    completed = event
+        if completed is None:
+            raise ModelError(
+                "model_stream_incomplete", "the model's stream ended without a final message",
+                "retry the message; if it keeps happening, check the model provider's status",
+            )  # fmt: skip
+        await self._flush_chunks()
+        usage = completed.usage
+        text = "".join(b.get("text", "") for b in completed.content if b.get("type") == "text")
+        await self._append([ModelResult(
+            output_tokens=usage.output_tokens,
+            prompt_tokens=usage.prompt_tokens,
+            prompt_tokens_reported=usage.prompt_tokens,
+            finish_reason=completed.stop_reason,
+            latency_ms=int((time.monotonic() - started) * 1000),
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+            first_token_ms=completed.first_token_ms,
+            text=text,
+            content=completed.content,
+        )])  # fmt: skip
+        self._in_model_call = False
+        return completed
+
+    async def _flush_chunks(self) -> None:
+        if self._unflushed:
+            delta = "".join(self._unflushed)
+            self._unflushed = []
+            await self._append([ModelChunk(delta=delta)])
+
+    async def _run_tools(self, pending: list[dict[str, Any]]) -> End | None:
+        """Validate, announce, run and record the tool calls of the last reply; an End when a
+        second round of invalid input ends the turn."""
+        step = plan(self.state, pending, self.agent.tools)
+        ended = repair_outcome(self.state, step.invalid)
+        if step.invalid:
+            await self._append(repair_events(pending, step.invalid, last_chance=ended is None))
+        if ended is not None:  # the step is over: its other calls never run
+            why = "not run: the turn ended because another call's input was invalid"
+            await self._append([not_run(block, why) for block, _ in step.start])
+            return ended
+        if step.uncertain:
+            await self._append([closed(c, UNCERTAIN, uncertain=True) for c in step.uncertain])
+        if step.start:
+            # The calls are in the log before any of them runs: after a crash they show as open.
+            await self._append([
+                ToolCall(slug=spec.name, call_id=block["id"], mutating=spec.mutating,
+                         args_hash=args_hash(block.get("input") or {}), args=block.get("input"))
+                for block, spec in step.start
+            ])  # fmt: skip
+        calls = [(spec, block.get("input") or {}, block["id"]) for block, spec in step.start]
+        calls += [(spec, call.args, call.call_id) for call, spec in step.rerun]
+        if calls:
+            outcomes = await execute_calls(
+                [(spec, args, self._tool_context(call_id)) for spec, args, call_id in calls],
+                timeout_for=lambda s: s.timeout_s or self.agent.limits.tool_timeout_s,
+                max_output_chars=self.agent.limits.max_tool_output_chars,
+            )
+            await self._append([
+                ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
+                           bytes=o.bytes, truncated=o.truncated, output=o.output)
+                for (spec, _, call_id), o in zip(calls, outcomes, strict=True)
+            ])  # fmt: skip
+        return None
+
+    def _tool_context(self, call_id: str) -> ToolCallContext:
+        return ToolCallContext(self.agent.id, self.session_key, self.turn_id, call_id, self._notes)
+
+    # --- the end -------------------------------------------------------------------------------
+
+    async def _finish(self, end: End) -> None:
+        """Append what the turn leaves behind, then its one ``turn.end``: the unflushed text, the
+        partial reply of an interrupted model call, and a result for every call left without
+        one, so that the stored transcript stays valid for the next turn."""
+        events: list[Event] = []
+        if self._unflushed:
+            events.append(ModelChunk(delta="".join(self._unflushed)))
+        if self._in_model_call:
+            partial = "".join(self._partial)
+            keep = end.reason in ("stopped", "timeout") and partial
+            events.append(ModelResult(
+                output_tokens=0, prompt_tokens=self.state.prompt_tokens, finish_reason=end.reason,
+                latency_ms=0, text=partial, error=end.error,
+                content=[{"type": "text", "text": partial}] if keep else None,
+            ))  # fmt: skip
+        state = self.state
+        for new in events:
+            state = apply(state, new, version=state.version + 1)
+        for call in state.open_calls:
+            events.append(closed(call, _CANCELLED))
+            state = apply(state, events[-1], version=state.version + 1)
+        events.extend(not_run(b, "not run: the turn ended first")
+                      for b in unanswered_tool_uses(state))  # fmt: skip
+        duration = int((datetime.now(UTC) - self._started_at).total_seconds() * 1000)
+        text = (
+            state.text
+            if end.reason != "error"
+            else "\n\n".join(
+                [t for t in state.texts if t] + ["".join(self._partial)] * self._in_model_call
+            ).strip()
+        )
+        events.append(TurnEnd(
+            reason=end.reason, steps=state.steps,
+            tokens=Tokens(prompt=state.prompt_tokens, output=state.output_tokens,
+                          cache_read=state.cache_read_tokens,
+                          cache_write=state.cache_write_tokens),
+            duration_ms=duration, text=text, error=end.error,
+        ))  # fmt: skip
+        await self._append(events)
+
+    async def _append(self, events: Sequence[Event]) -> None:
+        meta = self._meta
+        if self._step_id is not None:
+            meta = Metadata(agent_id=meta.agent_id, session_key=meta.session_key,
+                            turn_id=meta.turn_id, step_id=self._step_id)  # fmt: skip
+        result = await self.store.aappend(
+            self.stream, [NewEvent(event=e, metadata=meta) for e in events], self.state.version
+        )
+        for recorded in result.events:
+            self.state = evolve(self.state, recorded)

@@ -1,0 +1,222 @@
+"""Agent manifests: ``agents/<id>.yaml`` files, decoded and validated by msgspec.
+
+Errors name the file, the field and what to do. A default agent (``assistant``) exists out of
+the box; a manifest with the same id replaces it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import structlog
+import yaml
+
+from actors.agent import Agent
+from actors.model import Model
+from actors.tools import BUILTINS, ToolRegistry, ToolSpec, load_custom
+from actors.turn.core import Limits
+from eventstore.errors import DispachError
+from gateways.model import AnthropicModel, ScriptedModel, ScriptRule
+
+log = structlog.get_logger("dispach.agents")
+
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+_ID = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class ManifestError(DispachError):
+    code = "invalid_manifest"
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    provider: Literal["auto", "anthropic", "scripted"] = "auto"
+    """``auto``: Anthropic when the API key variable is set, else the offline scripted model."""
+    id: str = "claude-sonnet-5"
+    max_output_tokens: Positive = 4096
+    api_key_env: str = "ANTHROPIC_API_KEY"
+    base_url: str | None = None
+    max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 2
+    stall_timeout_s: Seconds = 120.0
+    script: list[ScriptRule] | None = None
+
+
+class Instruction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    text: str
+    label: str = "instructions"
+
+
+class ToolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    module: str | None = None
+    """``package.module:function`` for a tool of your own."""
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    mutating: bool = False
+    timeout_s: Seconds | None = None
+
+
+class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_steps: Positive = 8
+    turn_timeout_s: Seconds = 300.0
+    tool_timeout_s: Seconds = 30.0
+    max_output_tokens: Positive = 32_000
+    max_tool_output_chars: Positive = 16_000
+
+
+class SessionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    concurrency: Literal["queue", "reject", "interrupt"] = "queue"
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    id: Annotated[str, msgspec.Meta(pattern=_ID)]
+    name: str | None = None
+    model: ModelConfig = ModelConfig()
+    instructions: list[str | Instruction] = msgspec.field(default_factory=list)
+    tools: list[str | ToolConfig] = msgspec.field(default_factory=list)
+    limits: LimitsConfig = LimitsConfig()
+    session: SessionConfig = SessionConfig()
+
+
+DEFAULT = Manifest(
+    id="assistant",
+    name="Assistant",
+    instructions=[
+        Instruction(
+            label="identity",
+            text=(
+                "You are Assistant, the default agent of a Dispach node. Answer briefly and "
+                "plainly. Use the tools when they help: current_time for dates and times, "
+                "calculator for arithmetic, session_notes to remember things the person asks "
+                "you to keep for later in this conversation."
+            ),
+        )
+    ],
+    tools=["current_time", "calculator", "session_notes"],
+)
+
+
+def decode(text: str | bytes, source: str) -> Manifest:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{source} is not valid YAML: {e}", "fix the YAML syntax") from e
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{source} must be a mapping of fields", "start with `id: my-agent`")
+    try:
+        return msgspec.convert(raw, Manifest)
+    except msgspec.ValidationError as e:
+        found = re.search(r"at `\$\.?([^`]*)`", str(e))
+        field = found.group(1) if found else None
+        raise ManifestError(
+            f"{source}: {e}",
+            "see docs/agents.md for the manifest's fields and their types",
+            field=field,
+        ) from e
+
+
+def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[str, Agent]:
+    """The default agent plus every ``*.yaml`` manifest in ``directory``, built into agents."""
+    env = dict(os.environ) if env is None else env
+    manifests = {DEFAULT.id: DEFAULT}
+    if directory is not None and directory.is_dir():
+        for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
+            manifest = decode(path.read_bytes(), str(path))
+            if manifest.id != path.stem:
+                raise ManifestError(
+                    f"{path}: id {manifest.id!r} does not match the file name",
+                    f"name the file {manifest.id}.yaml, or set id: {path.stem}",
+                    field="id",
+                )
+            manifests[manifest.id] = manifest
+    return {m.id: build(m, env) for m in manifests.values()}
+
+
+def build(manifest: Manifest, env: dict[str, str]) -> Agent:
+    model = _model(manifest, env)
+    blocks = [
+        i if isinstance(i, Instruction) else Instruction(text=i) for i in manifest.instructions
+    ]
+    system: list[dict[str, Any]] = [{"type": "text", "text": b.text} for b in blocks if b.text]
+    if system:
+        # The pinned instructions are the stable prefix: one cache breakpoint after the last.
+        system[-1] = {**system[-1], "cache_control": {"type": "ephemeral"}}
+    limits = manifest.limits
+    agent = Agent(
+        id=manifest.id,
+        name=manifest.name or manifest.id,
+        model=model,
+        model_id=manifest.model.id,
+        max_tokens_per_call=manifest.model.max_output_tokens,
+        system=system,
+        tools=ToolRegistry(_tool(manifest, t) for t in manifest.tools),
+        limits=Limits(
+            max_steps=limits.max_steps,
+            turn_timeout_s=limits.turn_timeout_s,
+            tool_timeout_s=limits.tool_timeout_s,
+            max_output_tokens=limits.max_output_tokens,
+            max_tool_output_chars=limits.max_tool_output_chars,
+        ),
+        concurrency=manifest.session.concurrency,
+    )
+    log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names)
+    return agent
+
+
+def _model(manifest: Manifest, env: dict[str, str]) -> Model:
+    config = manifest.model
+    key = env.get(config.api_key_env)
+    provider = config.provider
+    if provider == "auto":
+        provider = "anthropic" if key else "scripted"
+    if provider == "scripted":
+        script = tuple(config.script) if config.script is not None else None
+        return ScriptedModel(script) if script is not None else ScriptedModel()
+    if not key:
+        raise ManifestError(
+            f"agent {manifest.id!r} uses Anthropic but {config.api_key_env} is not set",
+            f"set {config.api_key_env}, or use model.provider: scripted",
+            field="model.provider",
+        )
+    return AnthropicModel(
+        config.id,
+        api_key=key,
+        base_url=config.base_url or env.get("ANTHROPIC_BASE_URL"),
+        max_retries=config.max_retries,
+        stall_timeout_s=config.stall_timeout_s,
+    )
+
+
+def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
+    config = entry if isinstance(entry, ToolConfig) else ToolConfig(name=entry)
+    if config.module is None:
+        factory = BUILTINS.get(config.name)
+        if factory is None:
+            raise ManifestError(
+                f"agent {manifest.id!r}: no built-in tool {config.name!r}",
+                f"built-in tools: {', '.join(sorted(BUILTINS))}; or give `module: pkg.mod:func`",
+                field="tools",
+            )
+        spec = factory()
+        if config.timeout_s is not None:
+            spec = dataclasses.replace(spec, timeout_s=config.timeout_s)
+        return spec
+    if config.input_schema is None:
+        raise ManifestError(
+            f"agent {manifest.id!r}: tool {config.name!r} has a module but no input_schema",
+            "give the tool's input as a JSON Schema object under input_schema",
+            field="tools",
+        )
+    return load_custom(
+        config.name,
+        config.module,
+        config.description or config.name,
+        config.input_schema,
+        config.mutating,
+        config.timeout_s,
+    )
