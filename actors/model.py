@@ -79,3 +79,7 @@ class Model(Protocol):
         """Stream one reply: text deltas as they come, then exactly one ``Completed`` — or raise
         ``ModelError``. Retries before the first byte are announced with ``Retrying``."""
         ...
+
+    async def aclose(self) -> None:
+        """Release connections (the node is stopping)."""
+        ...

@@ -139,6 +139,8 @@ class Node:
             await self._router.stop()
         if self.engine is not None:
             await self.engine.drain(timeout)
+        for agent in self.agents.values():
+            await agent.model.aclose()
         await asyncio.to_thread(self.actors.stop, timeout)
         for task in self._tasks:
             task.cancel()

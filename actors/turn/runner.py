@@ -37,7 +37,14 @@ from actors.turn.core import (
     unanswered_tool_uses,
 )
 from actors.turn.plan import UNCERTAIN, closed, not_run, plan, repair_events
-from eventstore import EventStore, Metadata, NewEvent, WrongExpectedVersion, streams
+from eventstore import (
+    EventStore,
+    Metadata,
+    NewEvent,
+    StoreError,
+    WrongExpectedVersion,
+    streams,
+)
 from eventstore.catalogue import (
     ContextAssembled,
     ErrorDetail,
@@ -138,6 +145,14 @@ class TurnRunner:
                 ))  # fmt: skip
             except ModelError as e:
                 end = End("error", ErrorDetail(code=e.code, message=e.message, hint=e.hint))
+            except (StoreError, asyncio.CancelledError):
+                raise
+            except Exception as e:  # a bug: end the turn honestly rather than leave it running
+                log.exception("turn_internal_error", turn=self.turn_id)
+                end = End("error", ErrorDetail(
+                    code="internal_error", message=f"{type(e).__name__}: {e}",
+                    hint="this is a bug in Dispach; the node's log has the trace",
+                ))  # fmt: skip
         except asyncio.CancelledError:
             if not self.stopping():
                 raise
@@ -322,6 +337,8 @@ class TurnRunner:
         await self._append(events)
 
     async def _append(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
         meta = self._meta
         if self._step_id is not None:
             meta = Metadata(agent_id=meta.agent_id, session_key=meta.session_key,

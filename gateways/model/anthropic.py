@@ -51,6 +51,9 @@ class AnthropicModel:
             timeout=anthropic.Timeout(stall_timeout_s, connect=connect_timeout_s),
         )
 
+    async def aclose(self) -> None:
+        await self._client.close()
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         attempt = 0
         while True:

@@ -51,6 +51,9 @@ class ScriptedModel:
         self._rules = [(re.compile(r.match, re.IGNORECASE | re.DOTALL), r) for r in script]
         self._calls = 0
 
+    async def aclose(self) -> None:
+        return None
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         content = self._reply(request)
         for block in content:

@@ -1,0 +1,150 @@
+"""Kill -9 of a node in the middle of a tool call, then a restart: the turn resumes from its
+log and ends exactly once; a mutating tool is never run twice (it is reported as uncertain),
+a read-only one is simply run again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import nats
+import pytest
+
+from actors.messages import Accepted
+from eventstore import EventStore, streams
+from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
+from gateways.ingress import IngressMessage, submit
+from tests import fakes
+from tests.conftest import ROOT, Servers
+from tests.fakes import FakeAnthropic, Reply, ToolUse
+from tests.test_node import free_port
+
+fake_anthropic = fakes.fake_anthropic
+DISPACH = str(Path(sys.executable).parent / "dispach")
+pytestmark = pytest.mark.slow
+
+MANIFEST = """
+id: crashy
+model:
+  provider: anthropic
+  id: claude-sonnet-5
+  base_url: {url}
+  api_key_env: DISPACH_TEST_ANTHROPIC_KEY
+tools:
+  - name: record
+    module: tests.fixtures_tools:record_and_wait
+    description: Records that it ran, then waits.
+    mutating: {mutating}
+    input_schema:
+      type: object
+      properties:
+        path: {{type: string}}
+        seconds: {{type: number}}
+      required: [path]
+"""
+
+
+def serve(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([DISPACH, "serve"], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mutating", [True, False], ids=["mutating", "read-only"])
+async def test_kill_9_during_a_tool_call_then_restart(
+    servers: Servers, schema: str, tmp_path: Path, fake_anthropic: FakeAnthropic, mutating: bool
+) -> None:
+    marker = tmp_path / "runs.txt"
+    marker.touch()
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    manifest = MANIFEST.format(url=fake_anthropic.url, mutating=str(mutating).lower())
+    (agents / "crashy.yaml").write_text(manifest)
+    fake_anthropic.script(
+        Reply(tool_uses=[ToolUse("record", {"path": str(marker), "seconds": 20}, id="toolu_r")]),
+        Reply(text="finished after the crash"),
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")} | {
+        "DATABASE_URL": servers.database_url,
+        "NATS_URL": servers.nats_url,
+        "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_HOME": str(tmp_path / "home"),
+        "DISPACH_AGENTS": str(agents),
+        "DISPACH_PORT": str(free_port()),
+        "DISPACH_TEST_ANTHROPIC_KEY": "test",
+        "DISPACH_LOG_FORMAT": "json",
+        "PYTHONPATH": str(ROOT),
+    }
+    log = tmp_path / "serve.log"
+    first = serve(env, log)
+    nc = await nats.connect(servers.nats_url)
+    store = EventStore(servers.database_url, schema=schema)
+    try:
+        accepted = None
+        for _ in range(200):  # until the node serves sessions
+            result = await submit(nc, "crashy", IngressMessage(text="record it"), timeout=2)
+            if isinstance(result, Accepted):
+                accepted = result
+                break
+            assert result.code in ("no_node", "agent_not_found", "accept_timeout"), result
+            await asyncio.sleep(0.1)
+        assert accepted is not None, log.read_text()
+
+        async def started() -> bool:
+            return marker.read_text().count("ran") == 1
+
+        await wait_for(started, 30, "the tool to start")
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait, 10)
+
+        second = serve(env, log)
+        try:
+            await store.aopen()
+            stream = streams.turn(accepted.turn_id)
+
+            async def ended() -> bool:
+                return any(isinstance(e.data, TurnEnd) for e in await store.aread_stream(stream))
+
+            await wait_for(ended, 60, "the resumed turn to end")
+            events = await store.aread_stream(stream)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(second.wait, 30) == 0, log.read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+        await nc.close()
+        await store.aclose()
+
+    ends = [e.data for e in events if isinstance(e.data, TurnEnd)]
+    assert len(ends) == 1
+    assert ends[0].reason == "final"
+    assert ends[0].text == "finished after the crash"
+    attempts = [e.data.attempt for e in events if isinstance(e.data, TurnAttempt)]
+    assert attempts == [1, 2]
+    [tool_result] = [e.data for e in events if isinstance(e.data, ToolResult)]
+    runs = marker.read_text().count("ran")
+    if mutating:
+        assert runs == 1, "a mutating tool must not run twice"
+        assert tool_result.uncertain
+        assert not tool_result.ok
+        sent = fake_anthropic.message_requests()[-1].body["messages"][-1]["content"][0]
+        assert sent["tool_use_id"] == "toolu_r" and "uncertain" in sent["content"]
+    else:
+        assert runs == 2, "a read-only tool is simply run again"
+        assert tool_result.ok
+        assert tool_result.output == "recorded"

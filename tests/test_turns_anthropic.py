@@ -1,0 +1,295 @@
+"""The turn engine against the fake Anthropic server (the real SDK, a real local HTTP server),
+with real Postgres and NATS: tool round trips, every end reason, concurrency policies, stop,
+repair, retries and mid-stream failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from eventstore import START, RecordedEvent
+from eventstore.catalogue import ModelRetry, ToolRepair, ToolResult, TurnEnd
+from gateways.ingress import stop
+from runtime.node import Node
+from tests import fakes
+from tests.conftest import NodeFactory
+from tests.fakes import FakeAnthropic, HttpError, Reply, StreamFault, ToolUse
+from tests.turns import refused, send, store_of, turn_row, types, wait_end
+
+fake_anthropic = fakes.fake_anthropic
+
+KEY_ENV = "DISPACH_TEST_ANTHROPIC_KEY"
+
+
+def manifest(fake: FakeAnthropic, **limits: object) -> str:
+    limit_lines = "".join(f"\n  {k}: {v}" for k, v in limits.items())
+    return f"""
+id: helper
+model:
+  provider: anthropic
+  id: claude-sonnet-5
+  base_url: {fake.url}
+  api_key_env: {KEY_ENV}
+  max_output_tokens: 1024
+instructions:
+  - You are a careful test agent.
+tools: [current_time, calculator, session_notes]
+limits:
+  tool_timeout_s: 10{limit_lines}
+"""
+
+
+async def started(node_factory: NodeFactory, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch,
+                  concurrency: str = "queue", **limits: object) -> Node:  # fmt: skip
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    text = manifest(fake, **limits) + f"session:\n  concurrency: {concurrency}\n"
+    node_factory.write_agent("helper", text)
+    return await node_factory.start()
+
+
+def squeezed(events: list[RecordedEvent]) -> list[str]:
+    """Event types with each run of ``model.chunk`` counted once (coalescing depends on timing)."""
+    out: list[str] = []
+    for name in types(events):
+        if not (name == "model.chunk" and out and out[-1] == name):
+            out.append(name)
+    return out
+
+
+def end_of(events: list[RecordedEvent]) -> TurnEnd:
+    end = events[-1].data
+    assert isinstance(end, TurnEnd)
+    assert [e.type for e in events].count("turn.end") == 1
+    return end
+
+
+async def first_event(node: Node, turn_id: str, type_name: str) -> RecordedEvent:
+    async for event in store_of(node).subscribe(START, where=lambda e: e.type == type_name):
+        if event.metadata.turn_id == turn_id:
+            return event
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.asyncio
+async def test_two_tools_in_one_step_then_an_answer(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(
+        Reply(text="Let me check both.", tool_uses=[
+            ToolUse("calculator", {"expression": "6*7"}, id="toolu_calc"),
+            ToolUse("current_time", {"timezone": "UTC"}, id="toolu_time"),
+        ]),
+        Reply(text="It is 42, and I know the time."),
+    )  # fmt: skip
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "what is 6*7 and what time is it?")
+    events = await wait_end(node, accepted.turn_id)
+    assert squeezed(events) == [
+        "turn.start", "turn.attempt",
+        "context.assembled", "model.call", "model.chunk", "model.result",
+        "tool.call", "tool.call", "tool.result", "tool.result",
+        "context.assembled", "model.call", "model.chunk", "model.result",
+        "turn.end",
+    ]  # fmt: skip
+    end = end_of(events)
+    assert end.reason == "final"
+    assert end.steps == 2
+    assert end.text == "Let me check both.\n\nIt is 42, and I know the time."
+    second = fake_anthropic.message_requests()[1].body
+    results = [b for b in second["messages"][-1]["content"] if b["type"] == "tool_result"]
+    assert [(r["tool_use_id"], r["is_error"]) for r in results] == [
+        ("toolu_calc", False), ("toolu_time", False)
+    ]  # fmt: skip
+    assert results[0]["content"] == "42"
+    first = fake_anthropic.message_requests()[0].body
+    assert first["system"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert [t["name"] for t in first["tools"]] == ["current_time", "calculator", "session_notes"]
+    row = await turn_row(node, accepted.turn_id)
+    assert (row["status"], row["steps"], row["text"]) == ("final", 2, end.text)
+    assert row["output_tokens"] > 0
+
+
+@pytest.mark.asyncio
+async def test_max_steps_ends_with_the_partial_text(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.default = Reply(
+        text="Again.", tool_uses=[ToolUse("calculator", {"expression": "1+1"})]
+    )
+    node = await started(node_factory, fake_anthropic, monkeypatch, max_steps=2)
+    accepted = await send(node, "helper", "loop forever")
+    end = end_of(await wait_end(node, accepted.turn_id))
+    assert end.reason == "max_steps"
+    assert end.steps == 2
+    assert end.text == "Again.\n\nAgain."
+    assert end.error is not None and end.error.code == "max_steps"
+
+
+@pytest.mark.asyncio
+async def test_timeout_ends_with_the_partial_text(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(Reply(text="slow words " * 40, chunk_size=4, event_delay=0.05))
+    node = await started(node_factory, fake_anthropic, monkeypatch, turn_timeout_s=1)
+    accepted = await send(node, "helper", "take your time")
+    events = await wait_end(node, accepted.turn_id)
+    end = end_of(events)
+    assert end.reason == "timeout"
+    assert end.error is not None and end.error.code == "turn_timeout"
+    assert end.text.startswith("slow words")
+    assert len(end.text) < len("slow words " * 40)
+
+
+@pytest.mark.asyncio
+async def test_output_limit(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(Reply(text="This reply was cut", stop_reason="max_tokens"))
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "write a novel")
+    end = end_of(await wait_end(node, accepted.turn_id))
+    assert end.reason == "output_limit"
+    assert end.text == "This reply was cut"
+
+
+@pytest.mark.asyncio
+async def test_429_then_success_is_one_turn_with_the_retry_in_its_events(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(HttpError(429, "rate_limit_error", retry_after_ms=5), Reply(text="ok"))
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "hi")
+    events = await wait_end(node, accepted.turn_id)
+    retries = [e.data for e in events if isinstance(e.data, ModelRetry)]
+    assert [(r.status, r.attempt) for r in retries] == [(429, 1)]
+    assert end_of(events).reason == "final"
+    assert len(fake_anthropic.message_requests()) == 2
+
+
+@pytest.mark.asyncio
+async def test_529_mid_stream_ends_the_turn_with_a_clear_error(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(StreamFault(Reply(text="halfway there"), after_events=5, kind="error"))
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "hi")
+    end = end_of(await wait_end(node, accepted.turn_id))
+    assert end.reason == "error"
+    assert end.error is not None and end.error.code == "model_overloaded"
+    assert end.error.hint
+    row = await turn_row(node, accepted.turn_id)
+    assert (row["status"], row["error_code"]) == ("error", "model_overloaded")
+
+
+@pytest.mark.asyncio
+async def test_malformed_tool_input_gets_one_repair_round(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(
+        Reply(tool_uses=[ToolUse("calculator", {"expr": "1+1"}, id="toolu_bad")]),
+        Reply(tool_uses=[ToolUse("calculator", {"expression": "1+1"}, id="toolu_good")]),
+        Reply(text="2"),
+    )
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "1+1?")
+    events = await wait_end(node, accepted.turn_id)
+    repair = [e.data for e in events if isinstance(e.data, ToolRepair)]
+    assert len(repair) == 1
+    assert repair[0].slugs == ["calculator"]
+    assert any("expression" in e for e in repair[0].errors)
+    end = end_of(events)
+    assert end.reason == "final"
+    sent = fake_anthropic.message_requests()[1].body["messages"][-1]["content"][0]
+    assert sent["is_error"] is True and "expression" in sent["content"]
+
+
+@pytest.mark.asyncio
+async def test_invalid_input_after_the_repair_round_fails_the_turn(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(
+        Reply(tool_uses=[ToolUse("calculator", raw_json='{"expression": ')]),
+        Reply(tool_uses=[ToolUse("calculator", {"wrong": 1})]),
+    )
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "1+1?")
+    events = await wait_end(node, accepted.turn_id)
+    end = end_of(events)
+    assert end.reason == "error"
+    assert end.error is not None and end.error.code == "tool_repair_failed"
+    results = [e.data for e in events if isinstance(e.data, ToolResult)]
+    assert "not valid JSON" in (results[0].output or "")
+
+
+@pytest.mark.asyncio
+async def test_stop_mid_stream_keeps_the_partial_text_and_the_session_goes_on(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(Reply(text="one two three four five six " * 20, chunk_size=6,
+                                event_delay=0.05), Reply(text="Next turn fine."))  # fmt: skip
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "count slowly")
+    await asyncio.wait_for(first_event(node, accepted.turn_id, "model.chunk"), 10)
+    assert node.nc is not None
+    asked = time.monotonic()
+    reply = await stop(node.nc, accepted.turn_id, by="test")
+    assert reply.stop is not None and reply.stop.stopping
+    events = await wait_end(node, accepted.turn_id)
+    took = time.monotonic() - asked
+    end = end_of(events)
+    assert end.reason == "stopped"
+    assert end.text
+    assert ("one two three four five six " * 20).startswith(end.text)
+    assert took < 2.0, f"stop took {took:.2f} s"  # generous: a loaded CI box; 250 ms target
+    follow = await send(node, "helper", "and now?")
+    follow_end = end_of(await wait_end(node, follow.turn_id))
+    assert follow_end.reason == "final"
+    history = fake_anthropic.message_requests()[-1].body["messages"]
+    assert history[1]["role"] == "assistant"
+    assert history[1]["content"][0]["text"] == end.text
+
+
+@pytest.mark.asyncio
+async def test_queue_runs_one_after_the_other(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.default = Reply(text="done", event_delay=0.02)
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    first, second = await asyncio.gather(send(node, "helper", "a"), send(node, "helper", "b"))
+    one = await wait_end(node, first.turn_id)
+    two = await wait_end(node, second.turn_id)
+    spans = sorted([(one[1].position, one[-1].position), (two[1].position, two[-1].position)])
+    assert spans[0][1] < spans[1][0]  # attempts never overlap
+    assert end_of(one).reason == end_of(two).reason == "final"
+
+
+@pytest.mark.asyncio
+async def test_reject_refuses_a_second_message_while_a_turn_runs(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(Reply(text="slow " * 30, chunk_size=5, event_delay=0.02))
+    node = await started(node_factory, fake_anthropic, monkeypatch, concurrency="reject")
+    first = await send(node, "helper", "a")
+    busy = await refused(node, "helper", "b")
+    assert busy.code == "session_busy"
+    assert busy.hint
+    assert end_of(await wait_end(node, first.turn_id)).reason == "final"
+    later = await send(node, "helper", "c")
+    assert end_of(await wait_end(node, later.turn_id)).reason == "final"
+
+
+@pytest.mark.asyncio
+async def test_interrupt_stops_the_running_turn_and_runs_the_new_one(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(Reply(text="long " * 100, chunk_size=5, event_delay=0.03),
+                          Reply(text="second"))  # fmt: skip
+    node = await started(node_factory, fake_anthropic, monkeypatch, concurrency="interrupt")
+    first = await send(node, "helper", "a")
+    await asyncio.wait_for(first_event(node, first.turn_id, "model.chunk"), 10)
+    second = await send(node, "helper", "b")
+    assert end_of(await wait_end(node, first.turn_id)).reason == "stopped"
+    end = end_of(await wait_end(node, second.turn_id))
+    assert (end.reason, end.text) == ("final", "second")
