@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from eventstore import START, RecordedEvent
@@ -293,3 +294,69 @@ async def test_interrupt_stops_the_running_turn_and_runs_the_new_one(
     assert end_of(await wait_end(node, first.turn_id)).reason == "stopped"
     end = end_of(await wait_end(node, second.turn_id))
     assert (end.reason, end.text) == ("final", "second")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [
+        ("drop", "model_connection_dropped"),
+        ("truncate", "model_stream_truncated"),
+        ("stall", "model_stalled"),
+    ],
+)
+async def test_mid_stream_failures_are_classified(
+    node_factory: NodeFactory,
+    fake_anthropic: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+    code: str,
+) -> None:
+    fake_anthropic.script(StreamFault(Reply(text="abcdefghijkl" * 4), after_events=5, kind=kind))
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    node_factory.write_agent("helper", manifest(fake_anthropic).replace(
+        "max_output_tokens: 1024", "max_output_tokens: 1024\n  stall_timeout_s: 0.5"
+    ))  # fmt: skip
+    node = await node_factory.start()
+    accepted = await send(node, "helper", "hi")
+    end = end_of(await wait_end(node, accepted.turn_id))
+    assert end.reason == "error"
+    assert end.error is not None and end.error.code == code
+
+
+@pytest.mark.asyncio
+async def test_the_turn_resource_exists_as_soon_as_the_message_is_accepted(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(Reply(text="slow " * 20, chunk_size=5, event_delay=0.02))
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "hi")
+    row = await turn_row(node, accepted.turn_id)  # no waiting: 202 means durable
+    assert row["status"] == "running"
+    assert row["input"] == "hi"
+    await wait_end(node, accepted.turn_id)
+
+
+@pytest.mark.asyncio
+async def test_ingress_refuses_bad_messages_with_code_message_and_hint(
+    node_factory: NodeFactory,
+) -> None:
+    node = await node_factory.start()
+    assert node.nc is not None
+    cases = {
+        b"not json": "invalid_message",
+        b'{"text": 5}': "invalid_message",
+        b'{"text": "hi", "extra": 1}': "invalid_message",
+        b'{"text": "   "}': "empty_text",
+    }
+    for body, code in cases.items():
+        answer = await node.nc.request("dispach.ingress.assistant", body, timeout=5)
+        error = msgspec.json.decode(answer.data)["error"]
+        assert error["code"] == code, body
+        assert error["message"] and error["hint"]
+    answer = await node.nc.request("dispach.ingress.nobody", b'{"text": "hi"}', timeout=5)
+    assert msgspec.json.decode(answer.data)["error"]["code"] == "agent_not_found"
+    ok = await node.nc.request("dispach.ingress.assistant", b'{"text": "hi"}', timeout=5)
+    reply = msgspec.json.decode(ok.data)
+    assert set(reply) == {"turnId", "sessionKey"}
+    assert reply["sessionKey"] == "api:default"

@@ -187,6 +187,17 @@ def after_model(state: TurnState, content: list[dict[str, Any]], stop_reason: st
                 limits: Limits) -> StepOutcome:  # fmt: skip
     """What follows a model reply (``state`` already includes it)."""
     tool_uses = [block for block in content if block.get("type") == "tool_use"]
+    if stop_reason == "pause_turn":
+        # The provider paused a long turn: send its content back as it is and let it go on.
+        return (
+            End("max_steps", _max_steps(state)) if state.steps >= limits.max_steps else RunTools([])
+        )
+    if stop_reason == "model_context_window_exceeded":
+        return End("error", ErrorDetail(
+            code="context_window_exceeded",
+            message="the conversation no longer fits the model's context window",
+            hint="clear the session, or lower limits so less history is kept",
+        ))  # fmt: skip
     if stop_reason == "max_tokens" and not tool_uses:
         return End("output_limit", _output_limit(state, limits))
     if stop_reason == "refusal":
@@ -204,12 +215,16 @@ def after_model(state: TurnState, content: list[dict[str, Any]], stop_reason: st
 def after_tools(state: TurnState, limits: Limits) -> End | Continue:
     """After a step's tool results: another model call, or the step cap."""
     if state.steps >= limits.max_steps:
-        return End("max_steps", ErrorDetail(
-            code="max_steps",
-            message=f"stopped after {state.steps} steps with tool work still pending",
-            hint="say \"continue\" to go on, or raise limits.max_steps in the agent's manifest",
-        ))  # fmt: skip
+        return End("max_steps", _max_steps(state))
     return Continue()
+
+
+def _max_steps(state: TurnState) -> ErrorDetail:
+    return ErrorDetail(
+        code="max_steps",
+        message=f"stopped after {state.steps} steps with work still pending",
+        hint='say "continue" to go on, or raise limits.max_steps in the agent\'s manifest',
+    )
 
 
 def repair_outcome(state: TurnState, invalid: dict[str, list[str]]) -> End | None:
