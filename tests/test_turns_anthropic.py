@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal
 
 import msgspec
 import pytest
@@ -309,7 +310,7 @@ async def test_mid_stream_failures_are_classified(
     node_factory: NodeFactory,
     fake_anthropic: FakeAnthropic,
     monkeypatch: pytest.MonkeyPatch,
-    kind: str,
+    kind: Literal["drop", "truncate", "stall"],
     code: str,
 ) -> None:
     fake_anthropic.script(StreamFault(Reply(text="abcdefghijkl" * 4), after_events=5, kind=kind))
