@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import structlog
 
 from actors import ids
@@ -99,6 +100,8 @@ class TurnRunner:
         self._partial: list[str] = []
         self._unflushed: list[str] = []
         self._in_model_call = False
+        self._staged: list[tuple[Event, str | None]] = []
+        self._stored_version = -1
         self._started_at = datetime.now(UTC)
         self._notes = StoreNotes(store, agent.id, session_key, turn_id)
 
@@ -119,13 +122,14 @@ class TurnRunner:
             return None
         self._started_at = stored[0].recorded_at
         self.state = fold(stored)
+        self._stored_version = self.state.version
         if self.state.ended is not None:
             return self.state.ended
         if self.stopping():  # stopped before it began
             await self._finish(End("stopped"))
             return "stopped"
         try:
-            await self._append([TurnAttempt(
+            self._stage([TurnAttempt(
                 attempt=self.state.attempt + 1, node=self.node_id,
                 resumed_from_step=self.state.steps,
             )])  # fmt: skip
@@ -232,10 +236,14 @@ class TurnRunner:
                 "model_stream_incomplete", "the model's stream ended without a final message",
                 "retry the message; if it keeps happening, check the model provider's status",
             )  # fmt: skip
-        await self._flush_chunks()
         usage = completed.usage
         text = "".join(b.get("text", "") for b in completed.content if b.get("type") == "text")
-        await self._append([ModelResult(
+        rest = "".join(self._unflushed)
+        self._unflushed = []
+        # Staged, not appended: the reply goes to the log with whatever follows it (the step's
+        # tool calls, or the turn's end), one commit instead of two.
+        self._stage([ModelChunk(delta=rest)] if rest else [])
+        self._stage([ModelResult(
             output_tokens=usage.output_tokens,
             prompt_tokens=usage.prompt_tokens,
             prompt_tokens_reported=usage.prompt_tokens,
@@ -303,6 +311,7 @@ class TurnRunner:
         events: list[Event] = []
         if self._unflushed:
             events.append(ModelChunk(delta="".join(self._unflushed)))
+            self._unflushed = []
         if self._in_model_call:
             partial = "".join(self._partial)
             keep = end.reason in ("stopped", "timeout") and partial
@@ -336,15 +345,29 @@ class TurnRunner:
         ))  # fmt: skip
         await self._append(events)
 
+    def _stage(self, events: Sequence[Event]) -> None:
+        """Fold events into the state now and append them with the next append: facts that no
+        side effect waits on share a commit with what follows them."""
+        for event in events:
+            self.state = apply(self.state, event, version=self.state.version + 1)
+            self._staged.append((event, self._step_id))
+
     async def _append(self, events: Sequence[Event]) -> None:
-        if not events:
+        """Append the staged events and ``events`` in one commit, expecting the stream exactly
+        where this runner left it (a second writer means another node took the turn over)."""
+        staged, self._staged = self._staged, []
+        pending = [*staged, *((e, self._step_id) for e in events)]
+        if not pending:
             return
-        meta = self._meta
-        if self._step_id is not None:
-            meta = Metadata(agent_id=meta.agent_id, session_key=meta.session_key,
-                            turn_id=meta.turn_id, step_id=self._step_id)  # fmt: skip
+        base = self._meta
         result = await self.store.aappend(
-            self.stream, [NewEvent(event=e, metadata=meta) for e in events], self.state.version
+            self.stream,
+            [
+                NewEvent(event=e, metadata=msgspec.structs.replace(base, step_id=step))
+                for e, step in pending
+            ],
+            self._stored_version,
         )
-        for recorded in result.events:
+        self._stored_version = result.version
+        for recorded in result.events[len(staged) :]:
             self.state = evolve(self.state, recorded)
