@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -361,3 +362,46 @@ async def test_ingress_refuses_bad_messages_with_code_message_and_hint(
     reply = msgspec.json.decode(ok.data)
     assert set(reply) == {"turnId", "sessionKey"}
     assert reply["sessionKey"] == "api:default"
+
+
+@pytest.mark.asyncio
+async def test_stop_mid_tool_closes_the_call_as_cancelled(
+    node_factory: NodeFactory,
+    fake_anthropic: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "runs.txt"
+    marker.touch()
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    tool = """
+  - name: record
+    module: tests.fixtures_tools:record_and_wait
+    description: Records that it ran, then waits.
+    mutating: true
+    input_schema: {type: object, properties: {path: {type: string}, seconds: {type: number}}}
+"""
+    builtins = "tools: [current_time, calculator, session_notes]"
+    node_factory.write_agent("helper", manifest(fake_anthropic).replace(builtins, "tools:" + tool))
+    fake_anthropic.script(
+        Reply(tool_uses=[ToolUse("record", {"path": str(marker), "seconds": 5}, id="toolu_w")]),
+        Reply(text="after the stop"),
+    )
+    node = await node_factory.start()
+    accepted = await send(node, "helper", "record it")
+    await asyncio.wait_for(first_event(node, accepted.turn_id, "tool.call"), 10)
+    assert node.nc is not None
+    asked = time.monotonic()
+    await stop(node.nc, accepted.turn_id, by="test")
+    events = await wait_end(node, accepted.turn_id)
+    took = time.monotonic() - asked
+    end = end_of(events)
+    assert end.reason == "stopped"
+    assert took < 2.0, f"stop took {took:.2f} s while the tool sleeps 5 s"
+    [closed] = [e.data for e in events if isinstance(e.data, ToolResult)]
+    assert closed.call_id == "toolu_w" and not closed.ok
+    assert (closed.output or "").startswith("cancelled")
+    follow = await send(node, "helper", "still there?")
+    assert end_of(await wait_end(node, follow.turn_id)).reason == "final"
+    history = fake_anthropic.message_requests()[-1].body["messages"]
+    assert history[2]["content"][0]["tool_use_id"] == "toolu_w"  # the transcript stayed valid
