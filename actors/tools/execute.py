@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -82,10 +84,43 @@ async def execute_calls(
 async def _run(spec: ToolSpec, args: dict[str, Any], ctx: ToolContext) -> object:
     if inspect.iscoroutinefunction(spec.run):
         return await spec.run(args, ctx)
-    result: object = await asyncio.to_thread(spec.run, args, ctx)
+    result: object = await _in_daemon_thread(spec.run, args, ctx)
     if inspect.isawaitable(result):  # a plain callable that returns a coroutine
         return await result
     return result
+
+
+async def _in_daemon_thread(fn: Callable[..., object], *args: object) -> object:
+    """Run a plain function in a thread of its own that cannot hold the process up.
+
+    A thread cannot be cancelled: a stopped or timed-out call is abandoned, and its thread runs
+    on. The default executor's threads would then be joined at shutdown, so one stuck tool could
+    keep a draining node from ever exiting; a daemon thread does not.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[object] = loop.create_future()
+
+    def settle(value: object, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(value)
+
+    def work() -> None:
+        value: object = None
+        error: BaseException | None = None
+        try:
+            value = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            error = e
+        # The node may have stopped while an abandoned call ran on: nobody is waiting then.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="dispach-tool", daemon=True).start()
+    return await done
 
 
 def _outcome(
