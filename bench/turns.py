@@ -1,0 +1,1193 @@
+# ruff: noqa: E402 - the imports below must follow the sys.path fix
+"""Benchmark of the turn engine: turns per second through the actors, in one run, on one database.
+
+    .venv/bin/python bench/turns.py [--quick] [--keep] [--no-profile]
+
+Uses DATABASE_URL / NATS_URL when set, else starts the embedded Postgres and NATS in a fresh
+temporary directory (removed afterwards). Every run works in its own schemas ``bench_<hex>`` (the
+node's) and ``bench_<hex>_raw`` (the baseline's scratch table).
+
+An in-process ``runtime.node.Node`` (uvloop when installed) serves one agent, ``bench``, with the
+offline scripted model (``model: {provider: scripted}``, instant) and the calculator tool. The
+bench is a client on the node's own NATS connection and event loop, like the tests:
+``gateways.ingress.submit`` sends each message; one subscription to the store
+(``where type == "turn.end"``) resolves the per-turn futures.
+
+  - baseline: raw psycopg single-row INSERT + COMMIT from one connection, before and after;
+  - phase A: single-step turns ("hello": the model answers without tools);
+  - phase B: one tool step per turn ("calculate 6*7": calculator, then the answer; 2 model calls);
+  - for 1, 16 and 128 concurrent sessions, each a closed loop (the next message only once the
+    previous turn's ``turn.end`` is seen), warm-up then a fixed window;
+  - per turn, from its own events: per-step runtime overhead, and where the time goes between its
+    appends (``recorded_at`` is the inserting transaction's ``now()``);
+  - per window: commits, events, NATS messages, threads started and CPU per turn;
+  - a cProfile of the event-loop thread at 16 sessions, phase A.
+Goals: issue "turn engine": per-step overhead p50 <= 2 ms; >= 500 single-step turns/s.
+Anchor: the original Dispach (Bun + SQLite, not durable per event) on this machine: ~1,300
+single-step and ~750 one-tool turns/s, ~1 ms of server CPU per turn.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file's directory holds bench/eventstore.py, named like the package the node imports;
+# Python puts the script's directory first on the import path: take it off.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import dataclasses
+import itertools
+import logging
+import math
+import os
+import platform
+import pstats
+import re
+import resource
+import secrets
+import shutil
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import metadata
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg import sql
+
+from actors.messages import Refused
+from actors.model import ModelEvent, ModelRequest
+from eventstore import Checkpoint, EventStore, RecordedEvent
+from eventstore.catalogue import ModelResult, ToolResult, TurnEnd
+from gateways.ingress import IngressMessage, submit
+from runtime.config import from_env
+from runtime.embedded import EmbeddedServices
+from runtime.node import Node
+
+perf = time.perf_counter
+
+AGENT = "bench"
+MANIFEST = """\
+id: bench
+name: Benchmark agent
+model:
+  provider: scripted
+tools: [calculator]
+"""
+CONCURRENCY = (1, 16, 128)
+STEP_OVERHEAD_AT = (1, 16)
+PROFILE_AT = 16
+
+
+@dataclass(frozen=True)
+class Phase:
+    key: str
+    title: str
+    text: str
+    steps: int
+    anchor: float
+    """The original Dispach's turns/s on this machine, against an instant mock model."""
+
+
+PHASES = (
+    Phase("A", "single-step turns (no tools)", "hello", 1, 1300.0),
+    Phase("B", "one tool step per turn (calculator, then the answer)", "calculate 6*7", 2, 750.0),
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    raw_seconds: float
+    warmup: float
+    window: float
+    profile_seconds: float
+    turns_per_session: int
+    """A worker starts a new session after this many turns: a session's history grows by every
+    turn and is read (and sent to the model) by the next, so one endless session per worker would
+    make every turn slower than the one before."""
+
+
+FULL = Plan(3.0, 1.0, 8.0, 4.0, 16)
+QUICK = Plan(0.5, 0.3, 2.0, 1.0, 16)
+
+
+# --- small helpers -------------------------------------------------------------------------------
+
+
+def pct(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (nan when there are no samples)."""
+    if not samples:
+        return math.nan
+    ordered = sorted(samples)
+    rank = math.ceil(q / 100 * len(ordered))
+    return ordered[max(0, min(len(ordered) - 1, rank - 1))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def rate(per_second: float) -> str:
+    return f"{per_second:,.0f}/s"
+
+
+def section(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    met: Callable[[float, float], bool]
+    """Called with (ours, baseline)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    figure: str
+    ours: str
+    baseline: str
+    ratio: str
+    goal: str
+    met: str
+
+
+def line(
+    figure: str,
+    ours: float,
+    baseline: float | None,
+    show: Callable[[float], str],
+    goal: Goal | None = None,
+) -> Line:
+    ratio = "-" if not baseline else f"{ours / baseline:.2f}x"
+    met = "-" if goal is None else ("yes" if goal.met(ours, baseline or 0.0) else "NO")
+    return Line(
+        figure,
+        show(ours),
+        "-" if baseline is None else show(baseline),
+        ratio,
+        "-" if goal is None else goal.text,
+        met,
+    )
+
+
+def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> None:
+    cells = [list(header), *[list(r) for r in rows]]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+
+    def fmt(c: list[str]) -> str:
+        parts = [c[i].rjust(w) if i in right else c[i].ljust(w) for i, w in enumerate(widths)]
+        return "| " + " | ".join(parts) + " |"
+
+    print(fmt(cells[0]))
+    print("|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
+                         for i, w in enumerate(widths)) + "|")  # fmt: skip
+    for c in cells[1:]:
+        print(fmt(c))
+
+
+def print_table(lines: Sequence[Line]) -> None:
+    print_rows(
+        ("figure", "ours", "baseline", "ratio", "goal", "met?"),
+        [(x.figure, x.ours, x.baseline, x.ratio, x.goal, x.met) for x in lines],
+        {1, 2, 3},
+    )
+
+
+# --- machine facts -------------------------------------------------------------------------------
+
+
+def machine_facts(url: str, nats_version: str, data_dir: Path | None) -> None:
+    section("machine")
+    print(f"cpus: {os.cpu_count()}  platform: {platform.platform()}")
+    loop = type(asyncio.get_running_loop())
+    print(f"python: {platform.python_version()}  event loop: {loop.__module__}.{loop.__name__}")
+    names = ("psycopg", "psycopg-pool", "nats-py", "msgspec", "pykka", "uvloop")
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    print("packages: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    settings = ("shared_buffers", "synchronous_commit", "wal_sync_method", "commit_delay", "fsync")
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT version()").fetchone()
+        print(f"postgres: {row[0] if row else '?'}")
+        shown = []
+        for name in settings:
+            value = conn.execute(f"SHOW {name}").fetchone()
+            shown.append(f"{name}={value[0] if value else '?'}")
+        print("settings: " + " ".join(shown))
+    print(f"nats-server: {nats_version}")
+    print(f"library: {library_state()}")
+    if data_dir is not None:
+        fs = subprocess.run(
+            ["df", "--output=fstype,source", str(data_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        print(f"embedded data dir: {data_dir} ({' '.join(fs[2:]) or 'unknown fs'})")
+
+
+def library_state() -> str:
+    """The commit the library is at, and its uncommitted files (read-only git queries)."""
+    root = _HERE.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--",
+                "actors",
+                "eventstore",
+                "gateways",
+                "runtime",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    changed = [d[3:] for d in dirty if d.strip()]
+    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
+
+
+# --- raw psycopg baseline ------------------------------------------------------------------------
+
+INSERT = b"INSERT INTO scratch (id, type, data) VALUES (%s, %s, %s::jsonb)"
+PAYLOAD = '{"delta": "The quick brown fox jumps over the lazy dog.", "kind": "text"}'
+
+
+@dataclass(frozen=True)
+class RawSingle:
+    rate: float
+    p50: float
+    p99: float
+    commits: int
+
+
+def raw_setup(url: str, schema: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.scratch ("
+                " seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,"
+                " id uuid PRIMARY KEY, type text NOT NULL, data jsonb NOT NULL)"
+            ).format(sql.Identifier(schema))
+        )
+
+
+def raw_single(url: str, schema: str, seconds: float, when: str) -> RawSingle:
+    """Single-row INSERT + COMMIT, sequential, from one connection."""
+    with psycopg.connect(url, options=f"-c search_path={schema}") as conn:
+        latencies: list[float] = []
+        start = perf()
+        end = start + seconds
+        while (t0 := perf()) < end:
+            conn.execute(INSERT, (uuid.uuid4(), "model.chunk", PAYLOAD))
+            conn.commit()
+            latencies.append(perf() - t0)
+        result = RawSingle(
+            len(latencies) / (perf() - start), pct(latencies, 50), pct(latencies, 99),
+            len(latencies),
+        )  # fmt: skip
+    print(
+        f"raw single-row INSERT+COMMIT ({when}): {rate(result.rate)} ({result.commits} commits), "
+        f"p50 {ms(result.p50)}, p99 {ms(result.p99)}"
+    )
+    return result
+
+
+def drop_schemas(url: str, schemas: Iterable[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for schema in schemas:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+# --- instrumentation (bench side only: no library code is changed) -------------------------------
+
+_thread_starts: Counter[str] = Counter()
+_THREAD_KIND = re.compile(r"[-_]?\d+(?: \(.*\))?$")
+
+
+def thread_kind(name: str) -> str:
+    """A thread's family: ``TurnActor-17`` -> ``TurnActor``, ``asyncio_3`` -> ``asyncio``."""
+    return _THREAD_KIND.sub("", name) or name
+
+
+def count_thread_starts() -> None:
+    """Count every thread started from now on, by family (a wrapper around Thread.start)."""
+    original = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        _thread_starts[thread_kind(self.name)] += 1
+        original(self)
+
+    threading.Thread.start = start  # type: ignore[method-assign]
+
+
+class TimedModel:
+    """Wraps the agent's model to measure the time spent inside the model's own code per call
+    (from the first request for an event to ``Completed``, without the runner's work between
+    the events). For the scripted model this is the "model latency" of a step."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.label = inner.label
+        self.samples: list[float] = []
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        busy = 0.0
+        t0 = perf()
+        async for event in self.inner.stream(request):
+            busy += perf() - t0
+            yield event
+            t0 = perf()
+        busy += perf() - t0
+        self.samples.append(busy)
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_cpu(pid: int, tid: int | None = None, *, children: bool = False) -> float | None:
+    """CPU seconds (user + system) of a process or of one of its threads, from /proc."""
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if children:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime (reaped children)
+    return ticks / _CLK_TCK
+
+
+def proc_ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    process_cpu: float
+    threads: dict[int, tuple[str, float]]
+    """native thread id -> (family, CPU seconds), live threads only."""
+    pg_cpu: dict[int, float]
+    nats_cpu: float | None
+    next_xid: int
+    wal_bytes: int
+    xacts: int
+    batches: int
+    commands: int
+    nats_in: int
+    nats_out: int
+    thread_starts: dict[str, int]
+
+
+class Monitor:
+    """Takes before/after snapshots of a window: this process, Postgres, NATS and the writer."""
+
+    def __init__(self, url: str, node: Node, nats_pid: int | None, local_pg: bool) -> None:
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.node = node
+        self.nats_pid = nats_pid
+        self.local_pg = local_pg
+        row = self.conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() LIMIT 1"
+        ).fetchone()
+        self.postmaster = proc_ppid(int(row[0])) if row and local_pg else None
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def snapshot(self) -> Snapshot:
+        row = self.conn.execute(
+            "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint,"
+            " (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint,"
+            " (SELECT xact_commit + xact_rollback FROM pg_stat_database"
+            "   WHERE datname = current_database())"
+        ).fetchone()
+        assert row is not None
+        pg_cpu: dict[int, float] = {}
+        if self.local_pg:
+            pids = [r[0] for r in self.conn.execute("SELECT pid FROM pg_stat_activity")]
+            for pid in pids:
+                cpu = proc_cpu(int(pid))
+                if cpu is not None:
+                    pg_cpu[int(pid)] = cpu
+            if self.postmaster is not None:
+                cpu = proc_cpu(self.postmaster, children=True)
+                if cpu is not None:
+                    pg_cpu[self.postmaster] = cpu
+        threads: dict[int, tuple[str, float]] = {}
+        me = os.getpid()
+        for t in threading.enumerate():
+            if t.native_id is None:
+                continue
+            cpu = proc_cpu(me, t.native_id)
+            if cpu is not None:
+                threads[t.native_id] = (thread_kind(t.name), cpu)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        store = self.node.store
+        assert store is not None and self.node.nc is not None
+        writer = store._writer
+        stats = self.node.nc.stats
+        return Snapshot(
+            at=perf(),
+            process_cpu=usage.ru_utime + usage.ru_stime,
+            threads=threads,
+            pg_cpu=pg_cpu,
+            nats_cpu=None if self.nats_pid is None else proc_cpu(self.nats_pid),
+            next_xid=int(row[0]),
+            wal_bytes=int(row[1]),
+            xacts=int(row[2] or 0),
+            batches=writer.batches,
+            commands=writer.commands,
+            nats_in=int(stats["in_msgs"]),
+            nats_out=int(stats["out_msgs"]),
+            thread_starts=dict(_thread_starts),
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one window cost, per turn that ended in it."""
+
+    turns: int
+    seconds: float
+    process_cpu: float
+    threads: dict[str, float]
+    pg_cpu: float | None
+    nats_cpu: float | None
+    write_xacts: float
+    wal_bytes: float
+    statements: float
+    writer_batches: float
+    writer_appends: float
+    nats_in: float
+    nats_out: float
+    thread_starts: dict[str, float]
+
+
+def usage(a: Snapshot, b: Snapshot, turns: int) -> Usage:
+    n = max(1, turns)
+    threads: dict[str, float] = defaultdict(float)
+    live = 0.0
+    for tid, (kind, cpu) in b.threads.items():
+        before = a.threads.get(tid, (kind, 0.0))[1]
+        threads[kind] += cpu - before
+        live += cpu - before
+    process = b.process_cpu - a.process_cpu
+    threads["(exited threads)"] = max(0.0, process - live)
+    pg = sum(cpu - a.pg_cpu[pid] for pid, cpu in b.pg_cpu.items() if pid in a.pg_cpu)
+    starts = {k: (v - a.thread_starts.get(k, 0)) / n for k, v in b.thread_starts.items()}
+    return Usage(
+        turns=turns,
+        seconds=b.at - a.at,
+        process_cpu=process / n,
+        threads={k: v / n for k, v in threads.items()},
+        pg_cpu=pg / n if b.pg_cpu else None,
+        nats_cpu=None
+        if a.nats_cpu is None or b.nats_cpu is None
+        else (b.nats_cpu - a.nats_cpu) / n,
+        write_xacts=(b.next_xid - a.next_xid) / n,
+        wal_bytes=(b.wal_bytes - a.wal_bytes) / n,
+        statements=(b.xacts - a.xacts) / n,
+        writer_batches=(b.batches - a.batches) / n,
+        writer_appends=(b.commands - a.commands) / n,
+        nats_in=(b.nats_in - a.nats_in) / n,
+        nats_out=(b.nats_out - a.nats_out) / n,
+        thread_starts={k: v for k, v in starts.items() if v > 0},
+    )
+
+
+# --- the client: closed-loop sessions ------------------------------------------------------------
+
+
+class Ends:
+    """turn.end sightings, from one subscription, resolving the futures of waiting workers."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[tuple[float, float]]] = {}
+        self._early: dict[str, tuple[float, float]] = {}
+
+    def seen(self, turn_id: str) -> None:
+        at = (perf(), time.time())
+        future = self._waiting.pop(turn_id, None)
+        if future is None:
+            self._early[turn_id] = at  # ended before its worker had the acceptance back
+        elif not future.done():
+            future.set_result(at)
+
+    async def wait(self, turn_id: str, timeout: float) -> tuple[float, float]:
+        early = self._early.pop(turn_id, None)
+        if early is not None:
+            return early
+        future: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
+        self._waiting[turn_id] = future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(turn_id, None)
+
+
+async def watch_ends(store: EventStore, after: Checkpoint, ends: Ends) -> None:
+    async for event in store.subscribe(after, where=lambda e: e.type == "turn.end"):
+        if event.metadata.turn_id is not None:
+            ends.seen(event.metadata.turn_id)
+
+
+@dataclass(frozen=True)
+class Sample:
+    turn_id: str
+    submitted: float
+    accepted: float
+    ended: float
+    submitted_wall: float
+    ended_wall: float
+
+    @property
+    def latency(self) -> float:
+        return self.ended - self.submitted
+
+
+async def worker(
+    node: Node, ends: Ends, phase: Phase, label: str, index: int, plan: Plan,
+    stop: asyncio.Event, samples: list[Sample], warm: Callable[[], None],
+) -> None:  # fmt: skip
+    assert node.nc is not None
+    n = 0
+    while not stop.is_set():
+        session = f"bench:{label}:{index}:{n // plan.turns_per_session}"
+        wall, t0 = time.time(), perf()
+        result = await submit(node.nc, AGENT, IngressMessage(text=phase.text, session_key=session))
+        t1 = perf()
+        match result:
+            case Refused(code=code, message=message):
+                raise RuntimeError(f"the node refused a bench message: {code}: {message}")
+        ended, ended_wall = await ends.wait(result.turn_id, 60.0)
+        samples.append(Sample(result.turn_id, t0, t1, ended, wall, ended_wall))
+        if n == 0:
+            warm()
+        n += 1
+
+
+@dataclass(frozen=True)
+class Run:
+    phase: Phase
+    sessions: int
+    samples: list[Sample]
+    """Turns that ended inside the window."""
+    window: float
+    usage: Usage
+    after: Checkpoint
+
+    @property
+    def rate(self) -> float:
+        return len(self.samples) / self.window
+
+
+async def run_load(
+    node: Node, ends: Ends, monitor: Monitor, phase: Phase, sessions: int, plan: Plan,
+    label: str, profile: cProfile.Profile | None = None,
+) -> Run:  # fmt: skip
+    store = node.store
+    assert store is not None
+    after = await asyncio.to_thread(store.head)
+    stop = asyncio.Event()
+    samples: list[Sample] = []
+    warmed = asyncio.Event()
+    cold = [sessions]
+
+    def warm() -> None:
+        cold[0] -= 1
+        if cold[0] == 0:
+            warmed.set()
+
+    tasks = [
+        asyncio.create_task(worker(node, ends, phase, label, i, plan, stop, samples, warm))
+        for i in range(sessions)
+    ]
+    try:
+        # Warm-up: at least plan.warmup, and until every session has finished one turn.
+        started = perf()
+        while not warmed.is_set() or perf() - started < plan.warmup:
+            await asyncio.sleep(0.05)
+            for task in tasks:
+                if task.done():
+                    task.result()  # a worker failed: raise its error
+        before = await asyncio.to_thread(monitor.snapshot)
+        if profile is not None:
+            profile.enable()
+        await asyncio.sleep(plan.profile_seconds if profile is not None else plan.window)
+        if profile is not None:
+            profile.disable()
+        end = await asyncio.to_thread(monitor.snapshot)
+        start_at, end_at = before.at, end.at
+        inside = [s for s in samples if start_at <= s.ended < end_at]
+    finally:
+        stop.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+    for outcome in done:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return Run(phase, sessions, inside, end_at - start_at, usage(before, end, len(inside)), after)
+
+
+# --- per-turn analysis, from the turns' own events -----------------------------------------------
+
+
+@dataclass
+class TurnFacts:
+    events: int = 0
+    appends: list[tuple[datetime, str]] = field(default_factory=list)
+    """One entry per append (transaction): its recorded_at and the types it carried."""
+    steps: int = 0
+    model_ms: int = 0
+    tool_ms: int = 0
+    start_at: datetime | None = None
+    attempt_at: datetime | None = None
+    end_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class LogFacts:
+    turns: dict[str, TurnFacts]
+    starts_per_transaction: float
+    """turn.start events per transaction that holds any, over the window's turns: 1.0 means no
+    two acceptances ever shared a group commit."""
+    appends_per_transaction: float
+    """Appends (of any turn in the window) per writer transaction."""
+
+
+async def turn_facts(store: EventStore, after: Checkpoint, wanted: set[str]) -> LogFacts:
+    facts: dict[str, TurnFacts] = defaultdict(TurnFacts)
+    checkpoint = after
+    last_txid: dict[str, int] = {}
+    starts: Counter[int] = Counter()
+    appends: Counter[int] = Counter()
+    while page := await store.aread_all(checkpoint, 5000):
+        checkpoint = page[-1].checkpoint
+        for event in page:
+            turn = event.metadata.turn_id
+            if turn is None or turn not in wanted:
+                continue
+            if event.type == "turn.start":
+                starts[event.txid] += 1
+            if last_txid.get(turn) != event.txid:
+                appends[event.txid] += 1
+            add_event(facts[turn], event, last_txid.get(turn))
+            last_txid[turn] = event.txid
+    return LogFacts(
+        facts,
+        sum(starts.values()) / max(1, len(starts)),
+        sum(appends.values()) / max(1, len(appends)),
+    )
+
+
+def add_event(f: TurnFacts, event: RecordedEvent, last_txid: int | None) -> None:
+    f.events += 1
+    if event.txid != last_txid:
+        f.appends.append((event.recorded_at, event.type))
+    else:
+        at, types = f.appends[-1]
+        f.appends[-1] = (at, f"{types}+{event.type}")
+    match event.type:
+        case "turn.start":
+            f.start_at = event.recorded_at
+        case "turn.attempt":
+            f.attempt_at = event.recorded_at
+        case "turn.end":
+            f.end_at = event.recorded_at
+            assert isinstance(event.data, TurnEnd)
+            f.steps = event.data.steps
+        case "model.result":
+            assert isinstance(event.data, ModelResult)
+            f.model_ms += event.data.latency_ms
+        case "tool.result":
+            assert isinstance(event.data, ToolResult)
+            f.tool_ms += event.data.latency_ms
+
+
+@dataclass(frozen=True)
+class Analysis:
+    events: float
+    appends: float
+    steps: float
+    overhead: list[float]
+    """Per turn: (turn.attempt -> turn.end) / steps - the model's own time per step (TimedModel)."""
+    overhead_minus_latency: list[float]
+    """Per turn: (turn.attempt -> turn.end - sum of model.result latency_ms) / steps."""
+    server: list[float]
+    """Per turn: turn.start -> turn.end (recorded_at)."""
+    tool_ms: float
+    segments: list[tuple[str, list[float]]]
+    log: LogFacts
+
+
+def analyse(run: Run, log: LogFacts, model_time: float) -> Analysis:
+    facts = log.turns
+    overhead: list[float] = []
+    minus_latency: list[float] = []
+    server: list[float] = []
+    segments: dict[str, list[float]] = defaultdict(list)
+    order: list[str] = []
+    complete = [
+        (s, facts[s.turn_id])
+        for s in run.samples
+        if s.turn_id in facts and facts[s.turn_id].end_at is not None
+    ]
+    for sample, f in complete:
+        assert f.end_at is not None and f.start_at is not None and f.attempt_at is not None
+        span = (f.end_at - f.attempt_at).total_seconds()
+        steps = max(1, f.steps)
+        overhead.append(span / steps - model_time)
+        minus_latency.append((span - f.model_ms / 1000) / steps)
+        server.append((f.end_at - f.start_at).total_seconds())
+        points = [("client submits", sample.submitted_wall)]
+        points += [(types, at.timestamp()) for at, types in f.appends]
+        points.append(("client sees turn.end", sample.ended_wall))
+        for i, ((a, ta), (b, tb)) in enumerate(itertools.pairwise(points)):
+            key = f"{i + 1}. {a} -> {b}"
+            if key not in segments:
+                order.append(key)
+            segments[key].append(tb - ta)
+    n = max(1, len(complete))
+    return Analysis(
+        events=sum(f.events for _, f in complete) / n,
+        appends=sum(len(f.appends) for _, f in complete) / n,
+        steps=sum(f.steps for _, f in complete) / n,
+        overhead=overhead,
+        overhead_minus_latency=minus_latency,
+        server=server,
+        tool_ms=sum(f.tool_ms for _, f in complete) / n,
+        segments=[(k, segments[k]) for k in order],
+        log=log,
+    )
+
+
+# --- the profile ---------------------------------------------------------------------------------
+
+_AREAS = (
+    ("psycopg", ("/psycopg/", "/psycopg_pool/", "/psycopg_binary/")),
+    ("nats-py", ("/nats/",)),
+    ("eventstore", ("/eventstore/",)),
+    ("actors", ("/actors/",)),
+    ("gateways", ("/gateways/",)),
+    ("runtime", ("/runtime/",)),
+    ("msgspec", ("/msgspec/",)),
+    ("structlog", ("/structlog/",)),
+    ("pykka", ("/pykka/",)),
+    ("bench client", ("/bench/",)),
+    ("asyncio / uvloop", ("/asyncio/", "/uvloop/")),
+    ("concurrent.futures / threading", ("/concurrent/", "threading.py", "queue.py")),
+)
+
+
+def area(filename: str) -> str:
+    for name, needles in _AREAS:
+        if any(n in filename for n in needles):
+            return name
+    if filename == "~":
+        return "builtins (C functions)"
+    return "other"
+
+
+def short(filename: str) -> str:
+    for marker in ("site-packages/", "/work/main/", "lib/python3.11/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def print_profile(profile: cProfile.Profile, turns: int, seconds: float) -> None:
+    stats = pstats.Stats(profile)
+    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in raw.values())
+    print(
+        f"event-loop thread, {seconds:.1f} s, {turns} turns ended: {total:.2f} s of profiled "
+        f"function time = {total / max(1, turns) * 1000:.2f} ms per turn (cProfile inflates it)"
+    )
+    by_area: dict[str, float] = defaultdict(float)
+    for (filename, _, _), (_, _, tt, _, _) in raw.items():
+        by_area[area(filename)] += tt
+    print("\nown time by area (share of the loop thread's profiled time):")
+    for name, tt in sorted(by_area.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:<34} {tt / total * 100:5.1f} %  {tt / max(1, turns) * 1000:6.3f} ms/turn")
+
+    def show(key: int, title: str, count: int) -> None:
+        print(f"\ntop {count} by {title}:")
+        print(f"  {'calls/turn':>10} {'own ms/turn':>11} {'cum ms/turn':>11}  function")
+        ranked = sorted(raw.items(), key=lambda kv: -kv[1][key])
+        shown = 0
+        for (filename, lineno, func), (_, nc, tt, ct, _) in ranked:
+            if filename.endswith("turns.py") and "/bench/" in filename and key == 3:
+                continue  # the bench's own coroutines wrap everything
+            where = f"{short(filename)}:{lineno}({func})" if filename != "~" else func
+            print(
+                f"  {nc / max(1, turns):>10.2f} {tt / max(1, turns) * 1000:>11.3f} "
+                f"{ct / max(1, turns) * 1000:>11.3f}  {where}"
+            )
+            shown += 1
+            if shown == count:
+                break
+
+    client = sum(
+        ct
+        for (filename, _, func), (_, _, _, ct, _) in raw.items()
+        if "/bench/" in filename and func in ("watch_ends", "worker")
+    )
+    print(
+        f"  the bench client (its subscriber and submits, cumulative): "
+        f"{client / total * 100:.1f} % = {client / max(1, turns) * 1000:.3f} ms/turn"
+    )
+    show(2, "own time (tottime)", 25)
+    show(3, "cumulative time (coroutines count each resumption)", 20)
+
+
+# --- reports -------------------------------------------------------------------------------------
+
+
+def print_run(run: Run) -> None:
+    lat = [s.latency for s in run.samples]
+    acc = [s.accepted - s.submitted for s in run.samples]
+    print(
+        f"{run.sessions:>3} sessions: {rate(run.rate)} turns ({len(run.samples)} in "
+        f"{run.window:.1f} s); submit -> turn.end seen p50 {ms(pct(lat, 50))} "
+        f"p99 {ms(pct(lat, 99))}; submit -> accepted p50 {ms(pct(acc, 50))}"
+    )
+
+
+FAMILIES = {
+    "MainThread": "MainThread (the event loop)",
+    "dispach-writer": "dispach-writer (group commit)",
+    "uvloop": "uvloop (default executor: Portal.wait, to_thread)",
+    "asyncio": "asyncio (default executor: Portal.wait, to_thread)",
+    "dispach-worker": "dispach-worker (psycopg pool)",
+    "dispach-scheduler": "dispach-scheduler (psycopg pool)",
+    "(exited threads)": "exited during the window (TurnActor threads)",
+}
+
+
+def starts_of(kind: str) -> Callable[[Usage], float]:
+    return lambda u: u.thread_starts.get(kind, 0.0)
+
+
+def cpu_of(family: str) -> Callable[[Usage], float]:
+    return lambda u: u.threads.get(family, 0.0) * 1000
+
+
+def print_usage(runs: Sequence[Run]) -> None:
+    header = ["per turn", *[f"{r.phase.key} x{r.sessions}" for r in runs]]
+
+    def row(name: str, get: Callable[[Usage], float | None], fmt: str = "{:.2f}") -> list[str]:
+        values = [get(r.usage) for r in runs]
+        return [name, *["n/a" if v is None else fmt.format(v) for v in values]]
+
+    rows = [
+        row("python process CPU, ms (node + bench client)", lambda u: u.process_cpu * 1000),
+        row("postgres CPU, ms (all its processes)",
+            lambda u: None if u.pg_cpu is None else u.pg_cpu * 1000),
+        row("nats-server CPU, ms",
+            lambda u: None if u.nats_cpu is None else u.nats_cpu * 1000),
+        row("appends committed by the writer", lambda u: u.writer_appends),
+        row("writer transactions (group commits)", lambda u: u.writer_batches),
+        row("write transactions in Postgres (xids)", lambda u: u.write_xacts),
+        row("Postgres transactions incl. reads (approx.)", lambda u: u.statements, "{:.1f}"),
+        row("WAL bytes", lambda u: u.wal_bytes, "{:,.0f}"),
+        row("NATS messages out (node connection)", lambda u: u.nats_out, "{:.1f}"),
+        row("NATS messages in (node connection)", lambda u: u.nats_in, "{:.1f}"),
+    ]  # fmt: skip
+    for kind in sorted({k for r in runs for k in r.usage.thread_starts}):
+        rows.append(row(f"threads started: {kind}", starts_of(kind)))
+    for family in sorted({k for r in runs for k in r.usage.threads}):
+        if any(r.usage.threads.get(family, 0.0) >= 0.00005 for r in runs):
+            rows.append(row(f"CPU ms, thread {FAMILIES.get(family, family)}", cpu_of(family)))
+    print_rows(header, rows, set(range(1, len(header))))
+
+
+def print_segments(title: str, analysis: Analysis) -> None:
+    print(f"\n{title}")
+    rows = []
+    total = 0.0
+    for key, values in analysis.segments:
+        p50 = pct(values, 50)
+        mean = statistics.fmean(values) if values else math.nan
+        total += mean
+        rows.append((key, ms(p50), ms(mean)))
+    rows.append(("sum of the means", "", ms(total)))
+    print_rows(("from -> to (each append is one transaction)", "p50", "mean"), rows, {1, 2})
+
+
+def print_analyses(analyses: dict[tuple[str, int], Analysis]) -> None:
+    print(
+        "per-step runtime overhead = (turn.attempt recorded_at -> turn.end recorded_at) / "
+        "steps - the model's own time per call.\n"
+        "recorded_at is now() of the inserting transaction, so the span runs from the start of "
+        "the transaction that stores turn.attempt to the start of the one that stores turn.end.\n"
+        "Also shown: the same span minus model.result latency_ms (the runner's own clock around "
+        "the model stream), and turn.start -> turn.end."
+    )
+    rows = []
+    for (pk, sessions), a in analyses.items():
+        rows.append((
+            f"{pk} x{sessions}", f"{a.events:.1f}", f"{a.appends:.1f}", f"{a.steps:.1f}",
+            ms(pct(a.overhead, 50)), ms(pct(a.overhead, 99)),
+            ms(pct(a.overhead_minus_latency, 50)), ms(pct(a.overhead_minus_latency, 99)),
+            ms(pct(a.server, 50)), f"{a.tool_ms:.1f}",
+            f"{a.log.starts_per_transaction:.2f}", f"{a.log.appends_per_transaction:.2f}",
+        ))  # fmt: skip
+    print_rows(
+        ("run", "events/turn", "appends/turn", "steps", "overhead/step p50", "p99",
+         "minus latency_ms p50", "p99", "turn.start->end p50", "tool ms/turn",
+         "turn.starts/txn", "appends/txn"),
+        rows, set(range(1, 12)),
+    )  # fmt: skip
+    print(
+        "turn.starts/txn: turn.start events per transaction holding one (1.00 = no two "
+        "acceptances ever shared a group commit);\n"
+        "appends/txn: appends of the window's turns per writer transaction (group commit at "
+        "work); tool ms/turn: tool.result latency_ms."
+    )
+    for phase in PHASES:
+        for sessions in STEP_OVERHEAD_AT:
+            print_segments(
+                f"phase {phase.key}, {sessions} session(s): where a turn's time goes "
+                "(wall clock; Postgres and this process share the host's clock)",
+                analyses[(phase.key, sessions)],
+            )
+
+
+def result_lines(
+    runs: dict[tuple[str, int], Run], analyses: dict[tuple[str, int], Analysis],
+    raw1: RawSingle, raw2: RawSingle,
+) -> list[Line]:  # fmt: skip
+    base_rate = (raw1.rate + raw2.rate) / 2
+    base_p50 = (raw1.p50 + raw2.p50) / 2
+    base_p99 = (raw1.p99 + raw2.p99) / 2
+    lines: list[Line] = []
+    for phase in PHASES:
+        best = max(runs[(phase.key, s)].rate for s in CONCURRENCY)
+        for sessions in CONCURRENCY:
+            run = runs[(phase.key, sessions)]
+            lines.append(line(f"{phase.key}: {phase.steps}-step turns/s, {sessions} sessions",
+                              run.rate, base_rate, rate))  # fmt: skip
+        goal = Goal(">= 500/s", lambda o, b: o >= 500) if phase.key == "A" else None
+        lines.append(line(f"{phase.key}: best turns/s (Dispach ~{phase.anchor:,.0f}/s)",
+                          best, base_rate, rate, goal))  # fmt: skip
+        for sessions in CONCURRENCY:
+            lat = [s.latency for s in runs[(phase.key, sessions)].samples]
+            lines.append(line(f"{phase.key}: turn latency p50, {sessions} sessions",
+                              pct(lat, 50), base_p50, ms))  # fmt: skip
+            lines.append(line(f"{phase.key}: turn latency p99, {sessions} sessions",
+                              pct(lat, 99), base_p99, ms))  # fmt: skip
+        for sessions in STEP_OVERHEAD_AT:
+            a = analyses[(phase.key, sessions)]
+            lines.append(line(f"{phase.key}: per-step overhead p50, {sessions} sessions",
+                              pct(a.overhead, 50), base_p50, ms,
+                              Goal("<= 2.00 ms", lambda o, b: o <= 0.002)))  # fmt: skip
+            lines.append(line(f"{phase.key}: per-step overhead p99, {sessions} sessions",
+                              pct(a.overhead, 99), base_p99, ms))  # fmt: skip
+        for sessions in CONCURRENCY:
+            u = runs[(phase.key, sessions)].usage
+            server = u.process_cpu + (u.pg_cpu or 0.0) + (u.nats_cpu or 0.0)
+            lines.append(line(
+                f"{phase.key}: CPU per turn, all processes, {sessions} sessions "
+                "(Dispach ~1 ms)", server, None, ms,
+            ))  # fmt: skip
+    return lines
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+async def bench(
+    url: str, nats_url: str, plan: Plan, data_dir: Path | None, nats_pid: int | None,
+    keep: bool, with_profile: bool,
+) -> None:  # fmt: skip
+    schema = f"bench_{secrets.token_hex(4)}"
+    raw_schema = f"{schema}_raw"
+    root = Path(tempfile.mkdtemp(prefix="dispach-bench-node-"))
+    (root / "agents").mkdir()
+    (root / "agents" / f"{AGENT}.yaml").write_text(MANIFEST)
+    settings = from_env({
+        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
+        "DISPACH_DRAIN_SECONDS": "10",
+    })  # fmt: skip
+    count_thread_starts()
+    node = Node(settings)
+    monitor: Monitor | None = None
+    watcher: asyncio.Task[None] | None = None
+    lines: list[Line] = []
+    try:
+        await node.start()
+        assert node.store is not None and node.nc is not None
+        store = node.store
+        machine_facts(url, str(node.nc.connected_server_version), data_dir)
+        print(f"schema: {schema}  mode: {'quick' if plan is QUICK else 'full'}")
+        print(
+            f"window {plan.window:g} s after {plan.warmup:g} s of warm-up per setting; a worker "
+            f"starts a new session every {plan.turns_per_session} turns"
+        )
+        # The bench measures the model's own time; the agent is otherwise the manifest's.
+        agent = node.agents[AGENT]
+        timed = TimedModel(agent.model)
+        node.agents[AGENT] = dataclasses.replace(agent, model=timed)
+        monitor = await asyncio.to_thread(Monitor, url, node, nats_pid, data_dir is not None)
+
+        await asyncio.to_thread(raw_setup, url, raw_schema)
+        section("baseline: raw psycopg single-row INSERT + COMMIT")
+        raw1 = await asyncio.to_thread(raw_single, url, raw_schema, plan.raw_seconds, "before")
+
+        ends = Ends()
+        head = await asyncio.to_thread(store.head)
+        watcher = asyncio.create_task(watch_ends(store, head, ends), name="bench-ends")
+
+        runs: dict[tuple[str, int], Run] = {}
+        model_time: dict[str, float] = {}
+        for phase in PHASES:
+            section(f"phase {phase.key}: {phase.title}, text {phase.text!r}")
+            timed.samples.clear()
+            for sessions in CONCURRENCY:
+                run = await run_load(node, ends, monitor, phase, sessions, plan,
+                                     f"{phase.key}{sessions}")  # fmt: skip
+                runs[(phase.key, sessions)] = run
+                print_run(run)
+            model_time[phase.key] = statistics.median(timed.samples) if timed.samples else 0.0
+            print(
+                f"model's own time per call (TimedModel, {len(timed.samples)} calls): p50 "
+                f"{ms(model_time[phase.key])}, p99 {ms(pct(timed.samples, 99))}"
+            )
+
+        section("baseline again, right after: the machine is shared")
+        raw2 = await asyncio.to_thread(raw_single, url, raw_schema, plan.raw_seconds, "after")
+        print(
+            f"baseline: mean of before and after = {rate((raw1.rate + raw2.rate) / 2)}, "
+            f"p50 {ms((raw1.p50 + raw2.p50) / 2)}, p99 {ms((raw1.p99 + raw2.p99) / 2)}"
+        )
+
+        section("per turn, from the turns' own events")
+        analyses: dict[tuple[str, int], Analysis] = {}
+        for key, run in runs.items():
+            log = await turn_facts(store, run.after, {s.turn_id for s in run.samples})
+            analyses[key] = analyse(run, log, model_time[key[0]])
+        print_analyses(analyses)
+
+        section("cost per turn (deltas over each window / turns that ended in it)")
+        print_usage(list(runs.values()))
+
+        if with_profile:
+            section(f"profile: phase A, {PROFILE_AT} sessions, cProfile on the event-loop thread")
+            profile = cProfile.Profile()
+            prun = await run_load(node, ends, monitor, PHASES[0], PROFILE_AT, plan,
+                                  "profile", profile)  # fmt: skip
+            print_profile(profile, len(prun.samples), prun.window)
+            print(f"\nturns/s while profiled: {rate(prun.rate)}")
+
+        lines = result_lines(runs, analyses, raw1, raw2)
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        if monitor is not None:
+            monitor.close()
+        await node.stop()
+        if not keep:
+            await asyncio.to_thread(drop_schemas, url, (schema, raw_schema))
+        shutil.rmtree(root, ignore_errors=True)
+
+    section("results (ratio = ours / baseline)")
+    print(
+        "baseline: raw single-row INSERT+COMMIT on the same database, mean of before and after:"
+        " rate for turns/s rows (ratio = turns per raw commit), p50/p99 for latency rows.\n"
+        "turn latency = submit over NATS -> the client's store subscription yields turn.end."
+    )
+    print_table(lines)
+
+
+def run_loop(coro: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="short windows, a smoke run")
+    parser.add_argument("--keep", action="store_true", help="keep the bench schemas afterwards")
+    parser.add_argument("--no-profile", action="store_true", help="skip the cProfile window")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    started = perf()
+
+    database_url = os.environ.get("DATABASE_URL")
+    nats_url = os.environ.get("NATS_URL")
+    home: Path | None = None
+    services: EmbeddedServices | None = None
+    if database_url is None or nats_url is None:
+        home = Path(tempfile.mkdtemp(prefix="dispach-bench-"))
+        services = EmbeddedServices(home, database_url, nats_url)
+        services.start()
+    try:
+        url = database_url or (services.database_url if services else None)
+        nurl = nats_url or (services.nats_url if services else None)
+        assert url is not None and nurl is not None
+        nats_pid = None
+        if services is not None and nats_url is None:
+            embedded_nats = getattr(services, "_nats", None)
+            nats_pid = getattr(embedded_nats, "pid", None)
+        run_loop(bench(url, nurl, plan, home if database_url is None else None, nats_pid,
+                       args.keep, not args.no_profile))  # fmt: skip
+    finally:
+        if services is not None:
+            services.stop()
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
+    print(f"\ntotal time {perf() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
