@@ -9,12 +9,33 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pykka
+import structlog
 
 T = TypeVar("T")
+log = structlog.get_logger("dispach.bridge")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A message that wants an answer, delivered to the asker's future."""
+
+    message: object
+    reply: concurrent.futures.Future[Any]
+
+
+def answer(ask: Ask, handle: Callable[[object], object]) -> None:
+    """In the actor: handle the asked message and resolve the asker's future."""
+    if not ask.reply.set_running_or_notify_cancel():
+        return  # the asker gave up
+    try:
+        ask.reply.set_result(handle(ask.message))
+    except Exception as e:  # noqa: BLE001 - the asker gets it
+        ask.reply.set_exception(e)
 
 
 class Portal:
@@ -34,7 +55,44 @@ class Portal:
         self.loop.call_soon_threadsafe(fn, *args)
 
     @staticmethod
-    async def wait(future: pykka.Future[T], timeout: float) -> T:
-        """On the loop: wait for a pykka future without blocking the loop."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, lambda: future.get(timeout=timeout))
+    async def ask(ref: pykka.ActorRef[Any], message: object, timeout: float) -> Any:
+        """On the loop: send ``message`` to an actor and await its answer, without a thread.
+
+        The actor receives an :class:`Ask` and answers through its future (see
+        :func:`answer`); pykka's own ``ask`` would need a thread blocked on ``get()``.
+        """
+        reply: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        ref.tell(Ask(message, reply))
+        return await asyncio.wait_for(asyncio.wrap_future(reply), timeout)
+
+
+class InFlight:
+    """Handle NATS requests concurrently, boundedly. nats-py runs one subscription's callbacks
+    one after another; wrapped, each request becomes a task of its own, at most ``limit`` at a
+    time (then the callback waits, and NATS's own bounded buffer pushes back)."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def wrap(self, handler: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        async def callback(msg: Any) -> None:
+            await self._slots.acquire()
+            task = asyncio.create_task(self._run(handler, msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return callback
+
+    async def _run(self, handler: Callable[[Any], Awaitable[None]], msg: Any) -> None:
+        try:
+            await handler(msg)
+        except Exception:
+            log.exception("request_failed", subject=getattr(msg, "subject", None))
+        finally:
+            self._slots.release()
+
+    async def drain(self, timeout: float) -> None:
+        """Wait for the requests being handled (new ones have stopped arriving)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)

@@ -15,8 +15,8 @@ from actors.agent import Agent
 from actors.bridge import Portal
 from actors.host import ActorHost
 from actors.messages import Accepted, Refused, Resume, StopResult, StopTurn, Submit
-from actors.session import IDLE_FOR, SessionActor
-from eventstore import EventStore
+from actors.session import IDLE_FOR, Accepting, SessionActor
+from eventstore import EventStore, StoreError
 
 log = structlog.get_logger("dispach.engine")
 
@@ -65,9 +65,22 @@ class Engine:
                 hint=f"known agents: {', '.join(sorted(self.agents))}",
                 field="agentId",
             )
-        ref = self.session(submit.agent_id, submit.session_key)
-        result: Accepted | Refused = await Portal.wait(ref.ask(submit, block=False), _ASK_TIMEOUT)
-        return result
+        for _ in range(2):  # once more if the session was passivated under our feet
+            ref = self.session(submit.agent_id, submit.session_key)
+            try:
+                result: Accepting | Refused = await Portal.ask(ref, submit, _ASK_TIMEOUT)
+            except pykka.ActorDeadError:
+                continue
+            if isinstance(result, Refused):
+                return result
+            try:
+                await asyncio.wrap_future(result.committed)
+            except StoreError as e:
+                return Refused(code=e.code, message=f"the message was not accepted: {e.message}",
+                               hint=e.hint)  # fmt: skip
+            return result.accepted
+        return Refused(code="session_unavailable", message="the session could not be activated",
+                       hint="retry the message")  # fmt: skip
 
     async def stop(self, stop: StopTurn) -> StopResult:
         async with self.store.apool.connection() as conn:
@@ -78,7 +91,7 @@ class Engine:
         if status != "running":
             return StopResult(stopping=False, state="ended")
         ref = self.session(agent_id, session_key)
-        result: StopResult = await Portal.wait(ref.ask(stop, block=False), _ASK_TIMEOUT)
+        result: StopResult = await Portal.ask(ref, stop, _ASK_TIMEOUT)
         return result
 
     async def drain(self, timeout: float) -> None:
@@ -112,7 +125,7 @@ class Engine:
                 candidates = list(self._sessions.items())
             for key, ref in candidates:
                 try:
-                    idle_for = await Portal.wait(ref.ask(IDLE_FOR, block=False), _ASK_TIMEOUT)
+                    idle_for = await Portal.ask(ref, IDLE_FOR, _ASK_TIMEOUT)
                 except pykka.ActorDeadError:
                     idle_for = float("inf")
                 if idle_for > self.idle_seconds:

@@ -19,7 +19,7 @@ def _base36(n: int) -> str:
 
 def _new(prefix: str) -> str:
     stamp = _base36(time.time_ns() // 1_000_000).rjust(9, "0")
-    return f"{prefix}_{stamp}{''.join(secrets.choice(_ALPHABET) for _ in range(8))}"
+    return f"{prefix}_{stamp}{_base36(secrets.randbelow(36**8)).rjust(8, '0')}"
 
 
 def turn_id() -> str:

@@ -14,6 +14,7 @@ import nats.aio.subscription
 import nats.errors
 import structlog
 
+from actors.bridge import InFlight
 from actors.engine import Engine
 from actors.messages import Refused, Reply, StopTurn, Submit
 from eventstore import subjects
@@ -31,18 +32,21 @@ class Router:
         self._nc = nc
         self._engine = engine
         self._subs: list[nats.aio.subscription.Subscription] = []
+        self._inflight = InFlight()
 
     async def start(self) -> None:
+        wrap = self._inflight.wrap
         self._subs = [
-            await self._nc.subscribe(f"{subjects.PREFIX}.session.>", _QUEUE, cb=self._submit),
-            await self._nc.subscribe(f"{subjects.PREFIX}.turn.>", _QUEUE, cb=self._stop),
+            await self._nc.subscribe(f"{subjects.PREFIX}.session.>", _QUEUE, cb=wrap(self._submit)),
+            await self._nc.subscribe(f"{subjects.PREFIX}.turn.>", _QUEUE, cb=wrap(self._stop)),
         ]
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 10.0) -> None:
         for sub in self._subs:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
         self._subs = []
+        await self._inflight.drain(timeout)
 
     async def _submit(self, msg: nats.aio.msg.Msg) -> None:
         try:

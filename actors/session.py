@@ -5,14 +5,18 @@ turn and run it next."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pykka
 import structlog
 
 from actors import ids
+from actors.bridge import Ask, answer
 from actors.messages import (
     Accepted,
     Refused,
@@ -24,7 +28,7 @@ from actors.messages import (
 )
 from actors.turn.actor import TurnActor
 from actors.turn.runner import TurnRunner
-from eventstore import NO_STREAM, Metadata, NewEvent, streams
+from eventstore import NO_STREAM, AppendResult, Metadata, NewEvent, streams
 from eventstore.catalogue import Tokens, TurnEnd, TurnStart
 
 if TYPE_CHECKING:
@@ -36,6 +40,20 @@ IDLE_FOR = "idle-for"
 """Ask: seconds since the session last did anything (0 while a turn runs or waits)."""
 
 
+@dataclass(frozen=True)
+class Accepting:
+    """The answer to a ``Submit``: the acceptance, once ``committed`` (its turn.start) is."""
+
+    accepted: Accepted
+    committed: Future[AppendResult]
+
+
+@dataclass(frozen=True)
+class _Committed:
+    turn_id: str
+    ok: bool
+
+
 class SessionActor(pykka.ThreadingActor):
     def __init__(self, engine: Engine, agent_id: str, session_key: str) -> None:
         super().__init__()
@@ -43,10 +61,23 @@ class SessionActor(pykka.ThreadingActor):
         self._agent = engine.agents[agent_id]
         self._session_key = session_key
         self._queue: deque[str] = deque()
+        self._uncommitted: set[str] = set()  # accepted here, turn.start not yet committed
         self._running: tuple[str, pykka.ActorRef[Any]] | None = None
         self.last_active = time.monotonic()
 
     def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Ask):
+            answer(message, self._handle)
+            return None
+        return self._handle(message)
+
+    def _handle(self, message: Any) -> Any:
+        if isinstance(message, _Committed):
+            self._uncommitted.discard(message.turn_id)
+            if not message.ok and message.turn_id in self._queue:
+                self._queue.remove(message.turn_id)  # never accepted: the asker got the error
+            self._start_next()
+            return None
         if message == IDLE_FOR:
             busy = self._running is not None or bool(self._queue)
             return 0.0 if busy else time.monotonic() - self.last_active
@@ -67,7 +98,7 @@ class SessionActor(pykka.ThreadingActor):
                 return None
         return None
 
-    def _submit(self, submit: Submit) -> Accepted | Refused:
+    def _submit(self, submit: Submit) -> Accepting | Refused:
         policy = submit.concurrency or self._agent.concurrency
         busy = self._running is not None or bool(self._queue)
         if busy and policy == "reject":
@@ -79,15 +110,23 @@ class SessionActor(pykka.ThreadingActor):
         turn_id = ids.turn_id()
         meta = Metadata(agent_id=self._agent.id, session_key=self._session_key, turn_id=turn_id)
         start = TurnStart(source=submit.source, input=submit.text, deliver=submit.deliver)
-        # 202 means durable: the turn exists once this append has committed.
-        self._engine.store.append(
+        # 202 means durable: the turn exists once this append has committed. The actor does not
+        # wait for the commit (the asker does); the turn starts only after it.
+        committed = self._engine.store.submit(
             streams.turn(turn_id), [NewEvent(event=start, metadata=meta)], NO_STREAM
         )
         self._queue.append(turn_id)
+        self._uncommitted.add(turn_id)
+        me = self.actor_ref
+
+        def settled(future: Future[AppendResult]) -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                me.tell(_Committed(turn_id, future.exception() is None))
+
+        committed.add_done_callback(settled)
         if policy == "interrupt" and self._running is not None:
             self._running[1].tell(StopTurn(turn_id=self._running[0], by="interrupt"))
-        self._start_next()
-        return Accepted(turn_id=turn_id, session_key=self._session_key)
+        return Accepting(Accepted(turn_id=turn_id, session_key=self._session_key), committed)
 
     def _stop_turn(self, stop: StopTurn) -> StopResult:
         if self._running is not None and self._running[0] == stop.turn_id:
@@ -105,7 +144,7 @@ class SessionActor(pykka.ThreadingActor):
         self._engine.store.append(streams.turn(turn_id), [NewEvent(event=end, metadata=meta)])
 
     def _start_next(self) -> None:
-        if self._running is not None or not self._queue:
+        if self._running is not None or not self._queue or self._queue[0] in self._uncommitted:
             return
         turn_id = self._queue.popleft()
         engine = self._engine
