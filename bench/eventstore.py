@@ -32,21 +32,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
-import os
-import platform
 import queue
 import secrets
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import metadata
 from typing import Any
 
 import msgspec
@@ -67,9 +60,27 @@ from eventstore import (
 )
 from eventstore._sql import load
 from eventstore.catalogue import ModelChunk
-from runtime.embedded import EmbeddedServices
 
-perf = time.perf_counter
+# Shared helpers live beside this script; appended last, so the packages above win any clash.
+sys.path.append(str(_HERE))
+from _report import (
+    INSERT,
+    Goal,
+    Line,
+    line,
+    machine_facts,
+    ms,
+    pct,
+    perf,
+    print_table,
+    rate,
+    raw_connect,
+    raw_setup,
+    raw_single,
+    run_loop,
+    section,
+    servers,
+)
 
 TEXT = "The quick brown fox jumps over the lazy dog. " * 3 + "Pack my box with five dozen."
 TYPE = ModelChunk.TYPE
@@ -99,21 +110,6 @@ PAGE = 1000
 # --- small helpers -------------------------------------------------------------------------------
 
 
-def pct(samples: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    ordered = sorted(samples)
-    rank = math.ceil(q / 100 * len(ordered))
-    return ordered[max(0, min(len(ordered) - 1, rank - 1))]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def rate(per_second: float) -> str:
-    return f"{per_second:,.0f}/s"
-
-
 def new_event(turn: str) -> NewEvent:
     return NewEvent(
         event=ModelChunk(delta=TEXT),
@@ -126,152 +122,10 @@ def fresh_stream() -> tuple[str, str]:
     return f"turn-{turn}", turn
 
 
-def section(title: str) -> None:
-    print(f"\n== {title}", flush=True)
-
-
-@dataclass(frozen=True)
-class Goal:
-    text: str
-    met: Callable[[float, float], bool]
-    """Called with (ours, baseline)."""
-
-
-@dataclass(frozen=True)
-class Line:
-    figure: str
-    ours: str
-    baseline: str
-    ratio: str
-    goal: str
-    met: str
-
-
-def line(
-    figure: str,
-    ours: float,
-    baseline: float | None,
-    show: Callable[[float], str],
-    goal: Goal | None = None,
-) -> Line:
-    ratio = "-" if not baseline else f"{ours / baseline:.2f}x"
-    met = "-" if goal is None else ("yes" if goal.met(ours, baseline or 0.0) else "NO")
-    return Line(
-        figure,
-        show(ours),
-        "-" if baseline is None else show(baseline),
-        ratio,
-        "-" if goal is None else goal.text,
-        met,
-    )
-
-
-def print_table(lines: Sequence[Line]) -> None:
-    header = Line("figure", "ours", "baseline", "ratio", "goal", "met?")
-    rows = [header, *lines]
-    fields = range(6)
-    cells = [[r.figure, r.ours, r.baseline, r.ratio, r.goal, r.met] for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in fields]
-    right = {1, 2, 3}
-
-    def fmt(c: list[str]) -> str:
-        parts = [c[i].rjust(widths[i]) if i in right else c[i].ljust(widths[i]) for i in fields]
-        return "| " + " | ".join(parts) + " |"
-
-    print(fmt(cells[0]))
-    print("|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
-                         for i, w in enumerate(widths)) + "|")  # fmt: skip
-    for c in cells[1:]:
-        print(fmt(c))
-
-
 # --- machine facts -------------------------------------------------------------------------------
 
 
-def machine_facts(url: str, nats_version: str, data_dir: Path | None) -> None:
-    section("machine")
-    print(f"cpus: {os.cpu_count()}  platform: {platform.platform()}")
-    loop = type(asyncio.get_running_loop())
-    print(f"python: {platform.python_version()}  event loop: {loop.__module__}.{loop.__name__}")
-    versions = {p: metadata.version(p) for p in ("psycopg", "psycopg-pool", "nats-py", "msgspec")}
-    print("packages: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    settings = (
-        "shared_buffers",
-        "max_wal_size",
-        "synchronous_commit",
-        "wal_sync_method",
-        "commit_delay",
-        "fsync",
-    )
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT version()").fetchone()
-        print(f"postgres: {row[0] if row else '?'}")
-        shown = []
-        for name in settings:
-            value = conn.execute(f"SHOW {name}").fetchone()
-            shown.append(f"{name}={value[0] if value else '?'}")
-        print("settings: " + " ".join(shown))
-    print(f"nats-server: {nats_version}")
-    if data_dir is not None:
-        fs = subprocess.run(
-            ["df", "--output=fstype,source", str(data_dir)],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
-        print(f"embedded data dir: {data_dir} ({' '.join(fs[2:]) or 'unknown fs'})")
-
-
 # --- raw psycopg baselines -----------------------------------------------------------------------
-
-INSERT = b"INSERT INTO scratch (id, type, data) VALUES (%s, %s, %s::jsonb)"
-
-
-@dataclass(frozen=True)
-class RawSingle:
-    rate: float
-    p50: float
-    p99: float
-    commits: int
-
-
-def raw_connect(url: str, schema: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=autocommit, options=f"-c search_path={schema}")
-
-
-def raw_setup(url: str, schema: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {}.scratch ("
-                " seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,"
-                " id uuid PRIMARY KEY, type text NOT NULL, data jsonb NOT NULL)"
-            ).format(sql.Identifier(schema))
-        )
-
-
-def raw_single(url: str, schema: str, seconds: float, when: str) -> RawSingle:
-    """Single-row INSERT + COMMIT, sequential, from one connection."""
-    with raw_connect(url, schema) as conn:
-        latencies: list[float] = []
-        start = perf()
-        end = start + seconds
-        while (t0 := perf()) < end:
-            conn.execute(INSERT, (uuid.uuid4(), TYPE, PAYLOAD))
-            conn.commit()
-            latencies.append(perf() - t0)
-        result = RawSingle(
-            len(latencies) / (perf() - start),
-            pct(latencies, 50),
-            pct(latencies, 99),
-            len(latencies),
-        )
-    print(
-        f"raw single-row INSERT+COMMIT ({when}): {rate(result.rate)} ({result.commits} commits), "
-        f"p50 {ms(result.p50)}, p99 {ms(result.p99)}"
-    )
-    return result
 
 
 def raw_batch(url: str, schema: str, seconds: float) -> float:
@@ -619,7 +473,9 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
         await asyncio.to_thread(raw_setup, url, schema)
 
         section("baseline: raw psycopg writes")
-        raw = await asyncio.to_thread(raw_single, url, schema, plan.raw_seconds, "before 1")
+        raw = await asyncio.to_thread(
+            raw_single, url, schema, plan.raw_seconds, "before 1", PAYLOAD
+        )
         raw_batch_rate = await asyncio.to_thread(raw_batch, url, schema, plan.raw_seconds)
 
         section("1. append latency (one event per append, sequential)")
@@ -662,7 +518,9 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
             )
 
         section("baseline again, right after: the machine is shared")
-        raw_end = await asyncio.to_thread(raw_single, url, schema, plan.raw_seconds, "after 2")
+        raw_end = await asyncio.to_thread(
+            raw_single, url, schema, plan.raw_seconds, "after 2", PAYLOAD
+        )
         base = (raw.rate + raw_end.rate) / 2
         print(f"throughput baseline: mean of before and after = {rate(base)}")
         for t in tps:
@@ -739,15 +597,6 @@ def drop_schema(url: str, schema: str) -> None:
         conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small counts, a smoke run")
@@ -757,25 +606,8 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     started = perf()
 
-    database_url = os.environ.get("DATABASE_URL")
-    nats_url = os.environ.get("NATS_URL")
-    home: Path | None = None
-    services: EmbeddedServices | None = None
-    if database_url is None or nats_url is None:
-        home = Path(tempfile.mkdtemp(prefix="dispach-bench-"))
-        services = EmbeddedServices(home, database_url, nats_url)
-        services.start()
-    try:
-        assert services is None or services.database_url is not None
-        url = database_url or (services.database_url if services else None)
-        nurl = nats_url or (services.nats_url if services else None)
-        assert url is not None and nurl is not None
-        run(bench(url, nurl, plan, home if database_url is None else None, args.keep))
-    finally:
-        if services is not None:
-            services.stop()
-        if home is not None:
-            shutil.rmtree(home, ignore_errors=True)
+    with servers() as found:
+        run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, args.keep))
     print(f"\ntotal time {perf() - started:.1f} s")
 
 

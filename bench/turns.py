@@ -46,23 +46,19 @@ import itertools
 import logging
 import math
 import os
-import platform
 import pstats
 import re
 import resource
 import secrets
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
-import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from importlib import metadata
 from typing import Any
 
 import psycopg
@@ -75,10 +71,28 @@ from eventstore import Checkpoint, EventStore, RecordedEvent
 from eventstore.catalogue import ModelResult, ToolResult, TurnEnd
 from gateways.ingress import IngressMessage, submit
 from runtime.config import from_env
-from runtime.embedded import EmbeddedServices
 from runtime.node import Node
 
-perf = time.perf_counter
+# Shared helpers live beside this script; appended last, so the packages above win any clash.
+sys.path.append(str(_HERE))
+from _report import (
+    Goal,
+    Line,
+    RawSingle,
+    line,
+    machine_facts,
+    ms,
+    pct,
+    perf,
+    print_rows,
+    print_table,
+    rate,
+    raw_setup,
+    raw_single,
+    run_loop,
+    section,
+    servers,
+)
 
 AGENT = "bench"
 MANIFEST = """\
@@ -128,201 +142,10 @@ QUICK = Plan(0.5, 0.3, 2.0, 1.0, 16)
 # --- small helpers -------------------------------------------------------------------------------
 
 
-def pct(samples: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (nan when there are no samples)."""
-    if not samples:
-        return math.nan
-    ordered = sorted(samples)
-    rank = math.ceil(q / 100 * len(ordered))
-    return ordered[max(0, min(len(ordered) - 1, rank - 1))]
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.2f} ms"
-
-
-def rate(per_second: float) -> str:
-    return f"{per_second:,.0f}/s"
-
-
-def section(title: str) -> None:
-    print(f"\n== {title}", flush=True)
-
-
-@dataclass(frozen=True)
-class Goal:
-    text: str
-    met: Callable[[float, float], bool]
-    """Called with (ours, baseline)."""
-
-
-@dataclass(frozen=True)
-class Line:
-    figure: str
-    ours: str
-    baseline: str
-    ratio: str
-    goal: str
-    met: str
-
-
-def line(
-    figure: str,
-    ours: float,
-    baseline: float | None,
-    show: Callable[[float], str],
-    goal: Goal | None = None,
-) -> Line:
-    ratio = "-" if not baseline else f"{ours / baseline:.2f}x"
-    met = "-" if goal is None else ("yes" if goal.met(ours, baseline or 0.0) else "NO")
-    return Line(
-        figure,
-        show(ours),
-        "-" if baseline is None else show(baseline),
-        ratio,
-        "-" if goal is None else goal.text,
-        met,
-    )
-
-
-def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> None:
-    cells = [list(header), *[list(r) for r in rows]]
-    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-
-    def fmt(c: list[str]) -> str:
-        parts = [c[i].rjust(w) if i in right else c[i].ljust(w) for i, w in enumerate(widths)]
-        return "| " + " | ".join(parts) + " |"
-
-    print(fmt(cells[0]))
-    print("|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
-                         for i, w in enumerate(widths)) + "|")  # fmt: skip
-    for c in cells[1:]:
-        print(fmt(c))
-
-
-def print_table(lines: Sequence[Line]) -> None:
-    print_rows(
-        ("figure", "ours", "baseline", "ratio", "goal", "met?"),
-        [(x.figure, x.ours, x.baseline, x.ratio, x.goal, x.met) for x in lines],
-        {1, 2, 3},
-    )
-
-
 # --- machine facts -------------------------------------------------------------------------------
 
 
-def machine_facts(url: str, nats_version: str, data_dir: Path | None) -> None:
-    section("machine")
-    print(f"cpus: {os.cpu_count()}  platform: {platform.platform()}")
-    loop = type(asyncio.get_running_loop())
-    print(f"python: {platform.python_version()}  event loop: {loop.__module__}.{loop.__name__}")
-    names = ("psycopg", "psycopg-pool", "nats-py", "msgspec", "pykka", "uvloop")
-    versions = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    print("packages: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    settings = ("shared_buffers", "synchronous_commit", "wal_sync_method", "commit_delay", "fsync")
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT version()").fetchone()
-        print(f"postgres: {row[0] if row else '?'}")
-        shown = []
-        for name in settings:
-            value = conn.execute(f"SHOW {name}").fetchone()
-            shown.append(f"{name}={value[0] if value else '?'}")
-        print("settings: " + " ".join(shown))
-    print(f"nats-server: {nats_version}")
-    print(f"library: {library_state()}")
-    if data_dir is not None:
-        fs = subprocess.run(
-            ["df", "--output=fstype,source", str(data_dir)],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.split()
-        print(f"embedded data dir: {data_dir} ({' '.join(fs[2:]) or 'unknown fs'})")
-
-
-def library_state() -> str:
-    """The commit the library is at, and its uncommitted files (read-only git queries)."""
-    root = _HERE.parent
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(root),
-                "status",
-                "--porcelain",
-                "--",
-                "actors",
-                "eventstore",
-                "gateways",
-                "runtime",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split("\n")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    changed = [d[3:] for d in dirty if d.strip()]
-    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
-
-
 # --- raw psycopg baseline ------------------------------------------------------------------------
-
-INSERT = b"INSERT INTO scratch (id, type, data) VALUES (%s, %s, %s::jsonb)"
-PAYLOAD = '{"delta": "The quick brown fox jumps over the lazy dog.", "kind": "text"}'
-
-
-@dataclass(frozen=True)
-class RawSingle:
-    rate: float
-    p50: float
-    p99: float
-    commits: int
-
-
-def raw_setup(url: str, schema: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE {}.scratch ("
-                " seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,"
-                " id uuid PRIMARY KEY, type text NOT NULL, data jsonb NOT NULL)"
-            ).format(sql.Identifier(schema))
-        )
-
-
-def raw_single(url: str, schema: str, seconds: float, when: str) -> RawSingle:
-    """Single-row INSERT + COMMIT, sequential, from one connection."""
-    with psycopg.connect(url, options=f"-c search_path={schema}") as conn:
-        latencies: list[float] = []
-        start = perf()
-        end = start + seconds
-        while (t0 := perf()) < end:
-            conn.execute(INSERT, (uuid.uuid4(), "model.chunk", PAYLOAD))
-            conn.commit()
-            latencies.append(perf() - t0)
-        result = RawSingle(
-            len(latencies) / (perf() - start), pct(latencies, 50), pct(latencies, 99),
-            len(latencies),
-        )  # fmt: skip
-    print(
-        f"raw single-row INSERT+COMMIT ({when}): {rate(result.rate)} ({result.commits} commits), "
-        f"p50 {ms(result.p50)}, p99 {ms(result.p99)}"
-    )
-    return result
 
 
 def drop_schemas(url: str, schemas: Iterable[str]) -> None:
@@ -1144,15 +967,6 @@ async def bench(
     print_table(lines)
 
 
-def run_loop(coro: Coroutine[Any, Any, None]) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short windows, a smoke run")
@@ -1163,29 +977,9 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     started = perf()
 
-    database_url = os.environ.get("DATABASE_URL")
-    nats_url = os.environ.get("NATS_URL")
-    home: Path | None = None
-    services: EmbeddedServices | None = None
-    if database_url is None or nats_url is None:
-        home = Path(tempfile.mkdtemp(prefix="dispach-bench-"))
-        services = EmbeddedServices(home, database_url, nats_url)
-        services.start()
-    try:
-        url = database_url or (services.database_url if services else None)
-        nurl = nats_url or (services.nats_url if services else None)
-        assert url is not None and nurl is not None
-        nats_pid = None
-        if services is not None and nats_url is None:
-            embedded_nats = getattr(services, "_nats", None)
-            nats_pid = getattr(embedded_nats, "pid", None)
-        run_loop(bench(url, nurl, plan, home if database_url is None else None, nats_pid,
+    with servers() as found:
+        run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, found.nats_pid,
                        args.keep, not args.no_profile))  # fmt: skip
-    finally:
-        if services is not None:
-            services.stop()
-        if home is not None:
-            shutil.rmtree(home, ignore_errors=True)
     print(f"\ntotal time {perf() - started:.1f} s")
 
 

@@ -12,6 +12,7 @@ Where they run decides the kind:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -109,12 +110,32 @@ def _apply(
 
 
 class ProjectionRunner:
-    """Keeps one asynchronous projection up to date by tailing the log from its checkpoint."""
+    """Keeps one asynchronous projection up to date by tailing the log from its checkpoint.
 
-    def __init__(self, store: EventStore, projection: Projection, *, batch: int = 1000) -> None:
+    The read position is kept in memory; the stored checkpoint moves with every batch that
+    holds events the projection applies (rows and checkpoint in one transaction, a
+    compare-and-set on the stored value) and otherwise at most every ``persist_every`` seconds,
+    so a log full of events it ignores costs reads, not commits. After a crash it re-reads from
+    the stored checkpoint: what it re-reads it either ignores or had not applied.
+    """
+
+    def __init__(
+        self,
+        store: EventStore,
+        projection: Projection,
+        *,
+        batch: int = 1000,
+        persist_every: float = 5.0,
+    ) -> None:
         self._store = store
         self._projection = projection
         self._batch = batch
+        self._persist_every = persist_every
+        self._stored: Checkpoint | None = None  # None: read it from the database first
+        self._stored_seen: Checkpoint | None = None
+        self._position = START
+        self._persisted_at = 0.0
+        self._verified_at = 0.0
 
     @property
     def name(self) -> str:
@@ -131,12 +152,18 @@ class ProjectionRunner:
 
     async def catch_up(self) -> int:
         """Apply every batch visible now; returns the number of events applied."""
+        if time.monotonic() - self._verified_at >= self._persist_every:
+            # Now and then, look at the stored checkpoint: a rebuild may have reset it.
+            self._stored = None
         applied = 0
         while True:
             n = await self._step()
             if n < 0:
-                return applied
+                break
             applied += n
+        if self._stored is not None and self._position > self._stored:
+            await self._commit([], self._position)
+        return applied
 
     async def run(self) -> None:
         """Apply forever: woken by commit hints, polling as a fallback."""
@@ -146,16 +173,32 @@ class ProjectionRunner:
                 await self.catch_up()
             except psycopg.Error as e:
                 log.warning("projection_retry", projection=self.name, error=str(e))
+                self._stored = None
             await self._store.hints.wait(generation, self._store.poll_interval)
 
     async def _step(self) -> int:
         """One batch. Returns events applied, or -1 when there was nothing new to read."""
-        cp = await self.checkpoint()
-        page = await self._store.aread_all(cp, limit=self._batch)
+        if self._stored is None:
+            stored = await self.checkpoint()
+            if stored != self._stored_seen:  # first look, or moved by someone else
+                self._position = stored
+            self._stored = self._stored_seen = stored
+            self._verified_at = time.monotonic()
+        page = await self._store.aread_all(self._position, limit=self._batch)
         if not page:
             return -1
         last = page[-1].checkpoint
         relevant = [e for e in page if e.type in self._projection.types]
+        if not relevant and time.monotonic() - self._persisted_at < self._persist_every:
+            self._position = last
+            return 0
+        return len(relevant) if await self._commit(relevant, last) else 0
+
+    async def _commit(self, relevant: list[RecordedEvent], last: Checkpoint) -> bool:
+        """Apply ``relevant`` and move the stored checkpoint to ``last``; False when another
+        runner or a rebuild moved it first (the position is then re-read)."""
+        stored = self._stored
+        assert stored is not None
         try:
             async with (
                 self._store.apool.connection() as conn,
@@ -166,9 +209,9 @@ class ProjectionRunner:
                     """UPDATE projection_checkpoints SET txid = %s, position = %s,
                               updated_at = now()
                         WHERE name = %s AND txid = %s AND position = %s""",
-                    [last.txid, last.position, self.name, cp.txid, cp.position],
+                    [last.txid, last.position, self.name, stored.txid, stored.position],
                 )
-                if cur.rowcount == 0 and cp == START:
+                if cur.rowcount == 0 and stored == START:
                     await cur.execute(
                         """INSERT INTO projection_checkpoints (name, txid, position)
                            VALUES (%s, %s, %s) ON CONFLICT (name) DO NOTHING""",
@@ -178,10 +221,12 @@ class ProjectionRunner:
                     raise _CheckpointMovedError
                 await arun_statements(cur, statements_for([self._projection], relevant))
         except _CheckpointMovedError:
-            # Another runner (or a rebuild) moved the checkpoint; the rollback undid nothing of
-            # theirs. Re-read the checkpoint and go on from there.
-            return 0
-        return len(relevant)
+            # The rollback undid nothing of theirs: re-read the checkpoint, go on from there.
+            self._stored = None
+            return False
+        self._stored = self._stored_seen = self._position = last
+        self._persisted_at = self._verified_at = time.monotonic()
+        return True
 
 
 class _CheckpointMovedError(Exception):

@@ -14,6 +14,7 @@ import nats.aio.subscription
 import nats.errors
 import structlog
 
+from actors.bridge import InFlight
 from actors.messages import Accepted, Refused, Reply, StopTurn, Submit
 from eventstore import subjects
 
@@ -77,17 +78,19 @@ class Ingress:
         self._nc = nc
         self._agents = agents
         self._sub: nats.aio.subscription.Subscription | None = None
+        self._inflight = InFlight()
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(
-            f"{subjects.PREFIX}.ingress.*", "dispach-ingress", cb=self._handle
+            f"{subjects.PREFIX}.ingress.*", "dispach-ingress", cb=self._inflight.wrap(self._handle)
         )
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 10.0) -> None:
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()
             self._sub = None
+        await self._inflight.drain(timeout)
 
     async def _handle(self, msg: nats.aio.msg.Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]

@@ -158,6 +158,11 @@ class EmbeddedServices:
         self._nats = EmbeddedNats(home) if nats_url is None else None
 
     @property
+    def nats_pid(self) -> int | None:
+        """The embedded nats-server's process id (None when NATS is external)."""
+        return None if self._nats is None else self._nats.pid
+
+    @property
     def needed(self) -> bool:
         return self._pg is not None or self._nats is not None
 

@@ -162,7 +162,12 @@ async def test_two_runners_apply_each_batch_once(
             rebuild(conn, SessionsProjection(), inline=False)
 
     await asyncio.to_thread(reset)
-    await one.catch_up()
+    # A running runner notices the reset when it next verifies its checkpoint (at most every
+    # persist_every seconds; here at once).
+    alert = ProjectionRunner(store, SessionsProjection(), batch=7, persist_every=0.0)
+    await alert.catch_up()  # sees the head as stored
+    await asyncio.to_thread(reset)
+    await alert.catch_up()
     assert snapshot(connect, "sessions", "agent_id, session_key") == racing
     await store.apool.close()
 

@@ -1,0 +1,274 @@
+"""What the benchmarks share: percentiles, the results table, machine facts, and the raw
+psycopg single-row baseline each figure is set beside."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+perf = time.perf_counter
+
+
+def pct(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (nan when there are no samples)."""
+    if not samples:
+        return math.nan
+    ordered = sorted(samples)
+    rank = math.ceil(q / 100 * len(ordered))
+    return ordered[max(0, min(len(ordered) - 1, rank - 1))]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def rate(per_second: float) -> str:
+    return f"{per_second:,.0f}/s"
+
+
+def section(title: str) -> None:
+    print(f"\n== {title}", flush=True)
+
+
+@dataclass(frozen=True)
+class Goal:
+    text: str
+    met: Callable[[float, float], bool]
+    """Called with (ours, baseline)."""
+
+
+@dataclass(frozen=True)
+class Line:
+    figure: str
+    ours: str
+    baseline: str
+    ratio: str
+    goal: str
+    met: str
+
+
+def line(
+    figure: str,
+    ours: float,
+    baseline: float | None,
+    show: Callable[[float], str],
+    goal: Goal | None = None,
+) -> Line:
+    ratio = "-" if not baseline else f"{ours / baseline:.2f}x"
+    met = "-" if goal is None else ("yes" if goal.met(ours, baseline or 0.0) else "NO")
+    return Line(
+        figure,
+        show(ours),
+        "-" if baseline is None else show(baseline),
+        ratio,
+        "-" if goal is None else goal.text,
+        met,
+    )
+
+
+def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> None:
+    cells = [list(header), *[list(r) for r in rows]]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+
+    def fmt(c: list[str]) -> str:
+        parts = [c[i].rjust(w) if i in right else c[i].ljust(w) for i, w in enumerate(widths)]
+        return "| " + " | ".join(parts) + " |"
+
+    print(fmt(cells[0]))
+    print("|" + "|".join(("-" * (w + 1) + ":") if i in right else "-" * (w + 2)
+                         for i, w in enumerate(widths)) + "|")  # fmt: skip
+    for c in cells[1:]:
+        print(fmt(c))
+
+
+def print_table(lines: Sequence[Line]) -> None:
+    print_rows(
+        ("figure", "ours", "baseline", "ratio", "goal", "met?"),
+        [(x.figure, x.ours, x.baseline, x.ratio, x.goal, x.met) for x in lines],
+        {1, 2, 3},
+    )
+
+
+def machine_facts(url: str, nats_version: str, data_dir: Path | None) -> None:
+    section("machine")
+    print(f"cpus: {os.cpu_count()}  platform: {platform.platform()}")
+    loop = type(asyncio.get_running_loop())
+    print(f"python: {platform.python_version()}  event loop: {loop.__module__}.{loop.__name__}")
+    names = ("psycopg", "psycopg-pool", "nats-py", "msgspec", "pykka", "uvloop")
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    print("packages: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    settings = ("shared_buffers", "synchronous_commit", "wal_sync_method", "commit_delay", "fsync")
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT version()").fetchone()
+        print(f"postgres: {row[0] if row else '?'}")
+        shown = []
+        for name in settings:
+            value = conn.execute(f"SHOW {name}").fetchone()
+            shown.append(f"{name}={value[0] if value else '?'}")
+        print("settings: " + " ".join(shown))
+    print(f"nats-server: {nats_version}")
+    print(f"library: {library_state()}")
+    if data_dir is not None:
+        fs = subprocess.run(
+            ["df", "--output=fstype,source", str(data_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.split()
+        print(f"embedded data dir: {data_dir} ({' '.join(fs[2:]) or 'unknown fs'})")
+
+
+def library_state() -> str:
+    """The commit the library is at, and its uncommitted files (read-only git queries)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "status",
+                "--porcelain",
+                "--",
+                "actors",
+                "eventstore",
+                "gateways",
+                "runtime",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    changed = [d[3:] for d in dirty if d.strip()]
+    return head + (f" + uncommitted changes to {', '.join(changed)}" if changed else "")
+
+
+INSERT = b"INSERT INTO scratch (id, type, data) VALUES (%s, %s, %s::jsonb)"
+PAYLOAD = '{"delta": "The quick brown fox jumps over the lazy dog.", "kind": "text"}'
+
+
+@dataclass(frozen=True)
+class RawSingle:
+    rate: float
+    p50: float
+    p99: float
+    commits: int
+
+
+def raw_setup(url: str, schema: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {}.scratch ("
+                " seq bigint GENERATED ALWAYS AS IDENTITY UNIQUE,"
+                " id uuid PRIMARY KEY, type text NOT NULL, data jsonb NOT NULL)"
+            ).format(sql.Identifier(schema))
+        )
+
+
+def raw_single(
+    url: str, schema: str, seconds: float, when: str, payload: str = PAYLOAD
+) -> RawSingle:
+    """Single-row INSERT + COMMIT, sequential, from one connection."""
+    with raw_connect(url, schema) as conn:
+        latencies: list[float] = []
+        start = perf()
+        end = start + seconds
+        while (t0 := perf()) < end:
+            conn.execute(INSERT, (uuid.uuid4(), "model.chunk", payload))
+            conn.commit()
+            latencies.append(perf() - t0)
+        result = RawSingle(
+            len(latencies) / (perf() - start), pct(latencies, 50), pct(latencies, 99),
+            len(latencies),
+        )  # fmt: skip
+    print(
+        f"raw single-row INSERT+COMMIT ({when}): {rate(result.rate)} ({result.commits} commits), "
+        f"p50 {ms(result.p50)}, p99 {ms(result.p99)}"
+    )
+    return result
+
+
+def raw_connect(url: str, schema: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=autocommit, options=f"-c search_path={schema}")
+
+
+def run_loop(coro: Coroutine[Any, Any, None]) -> None:
+    """Run the benchmark on uvloop, as a node does (plain asyncio if it is missing)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
+@dataclass(frozen=True)
+class Servers:
+    database_url: str
+    nats_url: str
+    data_dir: Path | None
+    """The embedded Postgres's data directory (None when Postgres is external)."""
+    nats_pid: int | None
+    """The embedded nats-server's process (None when NATS is external)."""
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[Servers]:
+    """DATABASE_URL / NATS_URL when set, else embedded Postgres and NATS in a temporary
+    directory, removed afterwards."""
+    from runtime.embedded import EmbeddedServices
+
+    database_url = os.environ.get("DATABASE_URL")
+    nats_url = os.environ.get("NATS_URL")
+    home: Path | None = None
+    services: EmbeddedServices | None = None
+    if database_url is None or nats_url is None:
+        home = Path(tempfile.mkdtemp(prefix="dispach-bench-"))
+        services = EmbeddedServices(home, database_url, nats_url)
+        services.start()
+    try:
+        url = database_url or (services.database_url if services else None)
+        nurl = nats_url or (services.nats_url if services else None)
+        assert url is not None and nurl is not None
+        yield Servers(
+            url,
+            nurl,
+            home if database_url is None else None,
+            services.nats_pid if services is not None else None,
+        )
+    finally:
+        if services is not None:
+            services.stop()
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
