@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +31,6 @@ from actors.turn.core import (
     after_model,
     after_tools,
     apply,
-    evolve,
     fold,
     last_reply,
     remaining_output,
@@ -39,6 +39,7 @@ from actors.turn.core import (
 )
 from actors.turn.plan import UNCERTAIN, closed, not_run, plan, repair_events
 from eventstore import (
+    AppendResult,
     EventStore,
     Metadata,
     NewEvent,
@@ -101,7 +102,8 @@ class TurnRunner:
         self._unflushed: list[str] = []
         self._in_model_call = False
         self._staged: list[tuple[Event, str | None]] = []
-        self._stored_version = -1
+        self._sent_version = -1
+        self._in_flight: list[Future[AppendResult]] = []
         self._started_at = datetime.now(UTC)
         self._notes = StoreNotes(store, agent.id, session_key, turn_id)
 
@@ -122,7 +124,7 @@ class TurnRunner:
             return None
         self._started_at = stored[0].recorded_at
         self.state = fold(stored)
-        self._stored_version = self.state.version
+        self._sent_version = self.state.version
         if self.state.ended is not None:
             return self.state.ended
         if self.stopping():  # stopped before it began
@@ -206,7 +208,7 @@ class TurnRunner:
         slots = context.slots(agent.system, tools, history, state.input, state.transcript)
         self._step_id = ids.step_id()
         total = sum(s.tokens for s in slots)
-        await self._append([
+        self._send([
             ContextAssembled(slots=slots, total=total),
             ModelCall(role="main", model=agent.model_id, prompt_tokens=total),
         ])  # fmt: skip
@@ -223,10 +225,10 @@ class TurnRunner:
                     now = time.monotonic()
                     size = sum(len(t) for t in self._unflushed)
                     if size >= _CHUNK_CHARS or now - last_flush >= _CHUNK_SECONDS:
-                        await self._flush_chunks()
+                        self._flush_chunks()
                         last_flush = now
                 case Retrying() as retry:
-                    await self._append([ModelRetry(
+                    self._send([ModelRetry(
                         status=retry.status, attempt=retry.attempt, delay_ms=retry.delay_ms,
                     )])  # fmt: skip
                 case Completed():
@@ -258,11 +260,11 @@ class TurnRunner:
         self._in_model_call = False
         return completed
 
-    async def _flush_chunks(self) -> None:
+    def _flush_chunks(self) -> None:
         if self._unflushed:
             delta = "".join(self._unflushed)
             self._unflushed = []
-            await self._append([ModelChunk(delta=delta)])
+            self._send([ModelChunk(delta=delta)])
 
     async def _run_tools(self, pending: list[dict[str, Any]]) -> End | None:
         """Validate, announce, run and record the tool calls of the last reply; an End when a
@@ -292,7 +294,8 @@ class TurnRunner:
                 timeout_for=lambda s: s.timeout_s or self.agent.limits.tool_timeout_s,
                 max_output_chars=self.agent.limits.max_tool_output_chars,
             )
-            await self._append([
+            # Results need not be durable before the next model call: sent, not awaited.
+            self._send([
                 ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
                            bytes=o.bytes, truncated=o.truncated, output=o.output)
                 for (spec, _, call_id), o in zip(calls, outcomes, strict=True)
@@ -352,22 +355,35 @@ class TurnRunner:
             self.state = apply(self.state, event, version=self.state.version + 1)
             self._staged.append((event, self._step_id))
 
-    async def _append(self, events: Sequence[Event]) -> None:
-        """Append the staged events and ``events`` in one commit, expecting the stream exactly
-        where this runner left it (a second writer means another node took the turn over)."""
+    def _send(self, events: Sequence[Event] = ()) -> None:
+        """Submit the staged events and ``events`` as one append without waiting for it.
+
+        Appends to one stream are committed in the order they were submitted (the writer never
+        puts two of a stream's appends in one batch), so each can expect the version the one
+        before it will leave: the runner is the stream's only writer. What must be durable
+        before an effect (``tool.call`` before a tool runs, ``turn.end`` before the turn counts
+        as over) is awaited with :meth:`_append`; a model call does not wait for its
+        ``model.call`` to commit.
+        """
+        self._stage(events)
         staged, self._staged = self._staged, []
-        pending = [*staged, *((e, self._step_id) for e in events)]
-        if not pending:
+        if not staged:
             return
         base = self._meta
-        result = await self.store.aappend(
+        future = self.store.submit(
             self.stream,
             [
                 NewEvent(event=e, metadata=msgspec.structs.replace(base, step_id=step))
-                for e, step in pending
+                for e, step in staged
             ],
-            self._stored_version,
+            self._sent_version,
         )
-        self._stored_version = result.version
-        for recorded in result.events[len(staged) :]:
-            self.state = evolve(self.state, recorded)
+        self._sent_version += len(staged)
+        self._in_flight.append(future)
+
+    async def _append(self, events: Sequence[Event] = ()) -> None:
+        """Submit (as :meth:`_send`) and wait until everything sent so far is committed."""
+        self._send(events)
+        in_flight, self._in_flight = self._in_flight, []
+        for future in in_flight:
+            await asyncio.wrap_future(future)
