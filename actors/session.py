@@ -28,7 +28,7 @@ from actors.messages import (
 )
 from actors.turn.actor import TurnActor
 from actors.turn.runner import TurnRunner
-from eventstore import NO_STREAM, AppendResult, Metadata, NewEvent, streams
+from eventstore import NO_STREAM, AppendResult, Metadata, NewEvent, RecordedEvent, streams
 from eventstore.catalogue import Tokens, TurnEnd, TurnStart
 
 if TYPE_CHECKING:
@@ -51,7 +51,8 @@ class Accepting:
 @dataclass(frozen=True)
 class _Committed:
     turn_id: str
-    ok: bool
+    result: AppendResult | None
+    """The stored turn.start, or None when the append failed."""
 
 
 class SessionActor(pykka.ThreadingActor):
@@ -62,6 +63,7 @@ class SessionActor(pykka.ThreadingActor):
         self._session_key = session_key
         self._queue: deque[str] = deque()
         self._uncommitted: set[str] = set()  # accepted here, turn.start not yet committed
+        self._accepted: dict[str, list[RecordedEvent]] = {}  # committed, not yet started
         self._running: tuple[str, pykka.ActorRef[Any]] | None = None
         self.last_active = time.monotonic()
 
@@ -74,8 +76,11 @@ class SessionActor(pykka.ThreadingActor):
     def _handle(self, message: Any) -> Any:
         if isinstance(message, _Committed):
             self._uncommitted.discard(message.turn_id)
-            if not message.ok and message.turn_id in self._queue:
-                self._queue.remove(message.turn_id)  # never accepted: the asker got the error
+            if message.result is None:
+                if message.turn_id in self._queue:  # never accepted: the asker got the error
+                    self._queue.remove(message.turn_id)
+            else:
+                self._accepted[message.turn_id] = message.result.events
             self._start_next()
             return None
         if message == IDLE_FOR:
@@ -120,8 +125,9 @@ class SessionActor(pykka.ThreadingActor):
         me = self.actor_ref
 
         def settled(future: Future[AppendResult]) -> None:
+            result = None if future.exception() is not None else future.result()
             with contextlib.suppress(pykka.ActorDeadError):
-                me.tell(_Committed(turn_id, future.exception() is None))
+                me.tell(_Committed(turn_id, result))
 
         committed.add_done_callback(settled)
         if policy == "interrupt" and self._running is not None:
@@ -134,6 +140,7 @@ class SessionActor(pykka.ThreadingActor):
             return StopResult(stopping=True, state="stopping")
         if stop.turn_id in self._queue:
             self._queue.remove(stop.turn_id)
+            self._accepted.pop(stop.turn_id, None)
             self._end_queued(stop.turn_id)
             return StopResult(stopping=True, state="stopped")
         return StopResult(stopping=False, state="unknown")
@@ -148,7 +155,10 @@ class SessionActor(pykka.ThreadingActor):
             return
         turn_id = self._queue.popleft()
         engine = self._engine
-        runner = TurnRunner(engine.store, self._agent, turn_id, self._session_key, engine.node_id)
+        runner = TurnRunner(
+            engine.store, self._agent, turn_id, self._session_key, engine.node_id,
+            stored=self._accepted.pop(turn_id, None),
+        )  # fmt: skip
         me = self.actor_ref
         ref = engine.host.start(TurnActor, engine.portal, runner, me.tell, engine.running)
         self._running = (turn_id, ref)

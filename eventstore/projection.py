@@ -12,6 +12,7 @@ Where they run decides the kind:
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -165,8 +166,10 @@ class ProjectionRunner:
             await self._commit([], self._position)
         return applied
 
-    async def run(self) -> None:
-        """Apply forever: woken by commit hints, polling as a fallback."""
+    async def run(self, settle: float = 0.05) -> None:
+        """Apply forever: woken by commit hints, polling as a fallback. After each wake-up it
+        lets ``settle`` seconds of commits gather, so a busy log costs one read per interval
+        rather than one per commit (asynchronous projections are not read-your-writes)."""
         while True:
             generation = self._store.hints.generation
             try:
@@ -174,7 +177,8 @@ class ProjectionRunner:
             except psycopg.Error as e:
                 log.warning("projection_retry", projection=self.name, error=str(e))
                 self._stored = None
-            await self._store.hints.wait(generation, self._store.poll_interval)
+            if await self._store.hints.wait(generation, self._store.poll_interval):
+                await asyncio.sleep(settle)
 
     async def _step(self) -> int:
         """One batch. Returns events applied, or -1 when there was nothing new to read."""

@@ -43,6 +43,7 @@ from eventstore import (
     EventStore,
     Metadata,
     NewEvent,
+    RecordedEvent,
     StoreError,
     WrongExpectedVersion,
     streams,
@@ -86,8 +87,15 @@ class ToolCallContext:
 
 class TurnRunner:
     def __init__(
-        self, store: EventStore, agent: Agent, turn_id: str, session_key: str, node_id: str
+        self,
+        store: EventStore,
+        agent: Agent,
+        turn_id: str,
+        session_key: str,
+        node_id: str,
+        stored: list[RecordedEvent] | None = None,
     ) -> None:
+        self._known = stored  # the turn's events when the caller has them (a fresh turn)
         self.store = store
         self.agent = agent
         self.turn_id = turn_id
@@ -119,7 +127,7 @@ class TurnRunner:
         """Run (or resume) the turn to its end; returns the end reason, or None if another node
         owns the turn. A cancellation without a stop request (the node draining) leaves the turn
         unfinished on purpose: it is resumed at the next start."""
-        stored = await self.store.aread_stream(self.stream)
+        stored = self._known or await self.store.aread_stream(self.stream)
         if not stored:
             return None
         self._started_at = stored[0].recorded_at
