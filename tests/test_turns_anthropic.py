@@ -245,7 +245,7 @@ async def test_stop_mid_stream_keeps_the_partial_text_and_the_session_goes_on(
     assert end.reason == "stopped"
     assert end.text
     assert ("one two three four five six " * 20).startswith(end.text)
-    assert took < 2.0, f"stop took {took:.2f} s"  # generous: a loaded CI box; 250 ms target
+    assert took < 1.0, f"stop took {took:.2f} s"  # measured 20-40 ms; slack for a loaded box
     follow = await send(node, "helper", "and now?")
     follow_end = end_of(await wait_end(node, follow.turn_id))
     assert follow_end.reason == "final"
@@ -397,7 +397,7 @@ async def test_stop_mid_tool_closes_the_call_as_cancelled(
     took = time.monotonic() - asked
     end = end_of(events)
     assert end.reason == "stopped"
-    assert took < 2.0, f"stop took {took:.2f} s while the tool sleeps 5 s"
+    assert took < 1.0, f"stop took {took:.2f} s while the tool sleeps 5 s"
     [closed] = [e.data for e in events if isinstance(e.data, ToolResult)]
     assert closed.call_id == "toolu_w" and not closed.ok
     assert (closed.output or "").startswith("cancelled")
