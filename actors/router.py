@@ -51,7 +51,7 @@ class Router:
     async def _submit(self, msg: nats.aio.msg.Msg) -> None:
         try:
             submit = _SUBMIT.decode(msg.data)
-        except msgspec.ValidationError as e:
+        except msgspec.DecodeError as e:  # not JSON, or not a command
             await _answer(msg, Reply(error=_invalid(e)))
             return
         result = await self._engine.submit(submit)
@@ -61,13 +61,13 @@ class Router:
     async def _stop(self, msg: nats.aio.msg.Msg) -> None:
         try:
             stop = _STOP.decode(msg.data)
-        except msgspec.ValidationError as e:
+        except msgspec.DecodeError as e:  # not JSON, or not a command
             await _answer(msg, Reply(error=_invalid(e)))
             return
         await _answer(msg, Reply(stop=await self._engine.stop(stop)))
 
 
-def _invalid(e: msgspec.ValidationError) -> Refused:
+def _invalid(e: msgspec.DecodeError) -> Refused:
     return Refused(code="invalid_command", message=str(e), hint="see actors/messages.py")
 
 

@@ -3,6 +3,7 @@ model → tools → events, on real Postgres and NATS."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from eventstore.catalogue import ModelResult, ToolCall, ToolResult, TurnEnd
@@ -57,3 +58,17 @@ async def test_session_notes_persist_across_turns(node_factory: NodeFactory) -> 
     # The second turn's model call saw the first turn in its history.
     model_results = [e.data for e in events if isinstance(e.data, ModelResult)]
     assert model_results
+
+
+@pytest.mark.asyncio
+async def test_malformed_commands_on_internal_subjects_get_an_error_reply(
+    node_factory: NodeFactory,
+) -> None:
+    node = await node_factory.start()
+    assert node.nc is not None
+    for subject in ("dispach.session.assistant.x", "dispach.turn.t_x"):
+        for body in (b"not json", b'{"unexpected": true}'):
+            answer = await node.nc.request(subject, body, timeout=5)
+            error = msgspec.json.decode(answer.data)["error"]
+            assert error["code"] == "invalid_command"
+            assert error["hint"]
