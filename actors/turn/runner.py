@@ -288,12 +288,19 @@ class TurnRunner:
         if step.uncertain:
             await self._append([closed(c, UNCERTAIN, uncertain=True) for c in step.uncertain])
         if step.start:
-            # The calls are in the log before any of them runs: after a crash they show as open.
-            await self._append([
+            announce = [
                 ToolCall(slug=spec.name, call_id=block["id"], mutating=spec.mutating,
                          args_hash=args_hash(block.get("input") or {}), args=block.get("input"))
                 for block, spec in step.start
-            ])  # fmt: skip
+            ]  # fmt: skip
+            if any(spec.mutating for _, spec in step.start):
+                # A side effect sits between two events: its tool.call is durable before it
+                # runs, so after a crash it shows as open and is reported, never repeated.
+                await self._append(announce)
+            else:
+                # Read-only calls have no effect to protect: a crash before their tool.call
+                # commits just means they run again on resume.
+                self._send(announce)
         calls = [(spec, block.get("input") or {}, block["id"]) for block, spec in step.start]
         calls += [(spec, call.args, call.call_id) for call, spec in step.rerun]
         if calls:
