@@ -41,6 +41,7 @@ class Node:
         self.store: EventStore | None = None
         self.nc: nats.aio.client.Client | None = None
         self._hints: NatsHints | None = None
+        self._hints_nc: nats.aio.client.Client | None = None
         self._portal: Portal | None = None
         self.agents: dict[str, Agent] = {}
         self.engine: Engine | None = None
@@ -58,7 +59,10 @@ class Node:
     def readiness(self) -> tuple[bool, str, dict[str, bool]]:
         checks = {
             "postgres": self.store is not None,
-            "nats": self.nc is not None and self.nc.is_connected,
+            "nats": self.nc is not None
+            and self.nc.is_connected
+            and self._hints_nc is not None
+            and self._hints_nc.is_connected,
             "projections": bool(self._tasks) and not any(t.done() for t in self._tasks),
         }
         return self._phase == "ready" and all(checks.values()), self._phase, checks
@@ -89,7 +93,13 @@ class Node:
             pool_size=self.settings.pool_size,
             writer_queue=self.settings.writer_queue,
         )
-        self._hints = NatsHints(self.nc, store.hints)
+        # Commit hints travel on a connection of their own with no_echo: other nodes' hints
+        # arrive, this node's own commits wake its readers directly (see _on_commit).
+        self._hints_nc = await nats.connect(
+            nats_url, name=f"dispach-{self.node_id}-hints", no_echo=True,
+            max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_nats_error,
+        )  # fmt: skip
+        self._hints = NatsHints(self._hints_nc, store.hints)
         await self._hints.start()
         applied = await store.aopen()
         self.store = store
@@ -126,7 +136,14 @@ class Node:
     def _on_commit(self, committed: Sequence[RecordedEvent]) -> None:
         # Runs on the writer thread, right after a commit: hand the hint to the loop.
         if self._portal is not None and self._hints is not None:
-            self._portal.spawn(self._hints.publish(committed))
+            self._portal.spawn(self._announce(committed))
+
+    async def _announce(self, committed: Sequence[RecordedEvent]) -> None:
+        """Wake this node's readers, then tell the other nodes."""
+        assert self._hints is not None
+        if self.store is not None:
+            self.store.hints.notify(committed[-1].checkpoint)
+        await self._hints.publish(committed)
 
     async def stop(self) -> None:
         """Drain: refuse new work, stop actors, flush the writer, then close connections and
@@ -153,6 +170,10 @@ class Node:
             self.store = None
         if self._hints is not None:
             await self._hints.stop()
+        if self._hints_nc is not None:
+            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                await asyncio.wait_for(self._hints_nc.close(), timeout)
+            self._hints_nc = None
         if self.nc is not None:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await asyncio.wait_for(self.nc.drain(), timeout)
