@@ -83,11 +83,10 @@ class Engine:
                        hint="retry the message")  # fmt: skip
 
     async def stop(self, stop: StopTurn) -> StopResult:
-        async with self.store.apool.connection() as conn:
-            row = await (await conn.execute(_TURN, [stop.turn_id])).fetchone()
-        if row is None:
+        rows = await self.store.afetch(_TURN, [stop.turn_id])
+        if not rows:
             return StopResult(stopping=False, state="unknown")
-        agent_id, session_key, status = row
+        agent_id, session_key, status = rows[0]
         if status != "running":
             return StopResult(stopping=False, state="ended")
         ref = self.session(agent_id, session_key)
@@ -103,8 +102,7 @@ class Engine:
 
     async def resume_unfinished(self) -> int:
         """Queue every turn without a ``turn.end`` on its session, in acceptance order."""
-        async with self.store.apool.connection() as conn:
-            rows = await (await conn.execute(_UNFINISHED)).fetchall()
+        rows = await self.store.afetch(_UNFINISHED)
         by_session: dict[tuple[str, str], list[str]] = defaultdict(list)
         for turn_id, agent_id, session_key in rows:
             if agent_id in self.agents:

@@ -23,6 +23,7 @@ from psycopg import sql
 
 from eventstore._sql import decode_row, load
 from eventstore.envelope import START, Checkpoint, RecordedEvent
+from eventstore.errors import StoreError
 
 if TYPE_CHECKING:
     from eventstore.store import EventStore
@@ -174,7 +175,7 @@ class ProjectionRunner:
             generation = self._store.hints.generation
             try:
                 await self.catch_up()
-            except psycopg.Error as e:
+            except (psycopg.Error, StoreError) as e:
                 log.warning("projection_retry", projection=self.name, error=str(e))
                 self._stored = None
             if await self._store.hints.wait(generation, self._store.poll_interval):

@@ -8,7 +8,7 @@ one :class:`GroupCommitWriter`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -132,6 +132,20 @@ class EventStore:
     ) -> AppendResult:
         return await asyncio.wrap_future(self.submit(stream, events, expected_version))
 
+    # --- queries of the projections ------------------------------------------------------------
+
+    async def afetch(
+        self, query: bytes, params: Sequence[object] | Mapping[str, object] | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Rows of a read-only query on the projections (the read models), on the event loop.
+        Driver errors come back as ``StoreUnavailable``."""
+        try:
+            async with self._apool.connection() as conn:
+                cur = await conn.execute(query, params)
+                return await cur.fetchall()
+        except psycopg.Error as e:
+            raise _unavailable(e) from e
+
     # --- reading (threads) ---------------------------------------------------------------------
 
     def read_stream(
@@ -167,18 +181,14 @@ class EventStore:
     async def aread_stream(
         self, stream: str, from_version: int = 0, limit: int = 10_000
     ) -> list[RecordedEvent]:
-        async with self._apool.connection() as conn:
-            cur = await conn.execute(
-                load("read_stream").encode(),
-                {"stream": stream, "from_version": from_version, "limit": limit},
-            )
-            rows = await cur.fetchall()
+        rows = await self.afetch(
+            load("read_stream").encode(),
+            {"stream": stream, "from_version": from_version, "limit": limit},
+        )
         return [decode_row(r) for r in rows]
 
     async def aread_all(self, after: Checkpoint = START, limit: int = 1000) -> list[RecordedEvent]:
-        async with self._apool.connection() as conn:
-            cur = await conn.execute(load("read_all").encode(), _page(after, limit))
-            rows = await cur.fetchall()
+        rows = await self.afetch(load("read_all").encode(), _page(after, limit))
         return [decode_row(r) for r in rows]
 
     async def subscribe(
@@ -198,7 +208,13 @@ class EventStore:
         backoff = _FIRST_RETRY
         while True:
             generation = self.hints.generation
-            page = await self.aread_all(checkpoint, batch)
+            try:
+                page = await self.aread_all(checkpoint, batch)
+            except StoreUnavailable:
+                # A tail outlives a broken connection: the pool replaces it, we read again
+                # from the same checkpoint, so nothing is missed or repeated.
+                await asyncio.sleep(self.poll_interval)
+                continue
             for event in page:
                 checkpoint = event.checkpoint
                 if where is None or where(event):
@@ -215,6 +231,13 @@ class EventStore:
                 backoff *= 2
             else:
                 await self.hints.wait(generation, self.poll_interval)
+
+
+def _unavailable(e: psycopg.Error) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"cannot read from Postgres: {e}".strip(),
+        "the database is down or overloaded; the read can be retried",
+    )
 
 
 def _page(after: Checkpoint, limit: int) -> dict[str, int]:

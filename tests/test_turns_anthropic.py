@@ -17,7 +17,7 @@ from eventstore.catalogue import ModelRetry, ToolRepair, ToolResult, TurnEnd
 from gateways.ingress import stop
 from runtime.node import Node
 from tests import fakes
-from tests.conftest import NodeFactory
+from tests.conftest import ConnectFactory, NodeFactory
 from tests.fakes import FakeAnthropic, HttpError, Reply, StreamFault, ToolUse
 from tests.turns import refused, send, store_of, turn_row, types, wait_end
 
@@ -405,3 +405,30 @@ async def test_stop_mid_tool_closes_the_call_as_cancelled(
     assert end_of(await wait_end(node, follow.turn_id)).reason == "final"
     history = fake_anthropic.message_requests()[-1].body["messages"]
     assert history[2]["content"][0]["tool_use_id"] == "toolu_w"  # the transcript stayed valid
+
+
+@pytest.mark.asyncio
+async def test_a_turn_survives_its_database_connections_being_cut(
+    node_factory: NodeFactory,
+    fake_anthropic: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    connect: ConnectFactory,
+) -> None:
+    fake_anthropic.script(
+        Reply(text="first part " * 10, chunk_size=10, event_delay=0.05),
+        Reply(text="answered after the outage"),
+    )
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "hi")
+    await asyncio.wait_for(first_event(node, accepted.turn_id, "model.chunk"), 10)
+    with connect(autocommit=True) as admin:
+        cut = admin.execute(
+            b"""SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                 WHERE application_name = 'dispach' AND pid <> pg_backend_pid()"""
+        ).fetchone()
+    assert cut is not None and cut[0] > 0
+    events = await wait_end(node, accepted.turn_id, timeout=60)
+    end = end_of(events)
+    assert end.reason == "final"
+    follow = await send(node, "helper", "still there?")
+    assert end_of(await wait_end(node, follow.turn_id)).reason == "final"

@@ -18,11 +18,9 @@ async def load_history(
     store: EventStore, agent_id: str, session_key: str, turn_id: str
 ) -> list[dict[str, Any]]:
     """The session's earlier messages, merged into alternating model messages."""
-    async with store.apool.connection() as conn:
-        cur = await conn.execute(
-            _HISTORY, {"agent_id": agent_id, "session_key": session_key, "turn_id": turn_id}
-        )
-        rows = await cur.fetchall()
+    rows = await store.afetch(
+        _HISTORY, {"agent_id": agent_id, "session_key": session_key, "turn_id": turn_id}
+    )
     messages: list[dict[str, Any]] = []
     for role, content_text in rows:
         content = _JSON.decode(content_text)

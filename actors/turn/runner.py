@@ -65,6 +65,7 @@ from eventstore.event import Event
 
 log = structlog.get_logger("dispach.turn")
 
+_STORE_RETRIES = 5
 _CHUNK_CHARS = 512
 _CHUNK_SECONDS = 0.05
 _CANCELLED = (
@@ -126,7 +127,25 @@ class TurnRunner:
     async def run(self) -> str | None:
         """Run (or resume) the turn to its end; returns the end reason, or None if another node
         owns the turn. A cancellation without a stop request (the node draining) leaves the turn
-        unfinished on purpose: it is resumed at the next start."""
+        unfinished on purpose: it is resumed at the next start.
+
+        When the store fails under it (the database went away), the turn is resumed from its
+        log a few times with growing pauses, as a restart would, before it is left for the next
+        start of the node."""
+        for attempt in range(_STORE_RETRIES):
+            try:
+                return await self._run()
+            except StoreError as e:
+                if isinstance(e, WrongExpectedVersion) or attempt == _STORE_RETRIES - 1:
+                    raise
+                log.warning("turn_store_retry", turn=self.turn_id, error=e.message)
+                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
+                self._known = None
+                self._staged, self._in_flight, self._unflushed = [], [], []
+                self._in_model_call = False
+        return None
+
+    async def _run(self) -> str | None:
         stored = self._known or await self.store.aread_stream(self.stream)
         if not stored:
             return None
