@@ -11,12 +11,11 @@ import asyncio
 import concurrent.futures
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import pykka
 import structlog
 
-T = TypeVar("T")
 log = structlog.get_logger("dispach.bridge")
 
 
@@ -41,10 +40,6 @@ def answer(ask: Ask, handle: Callable[[object], object]) -> None:
 class Portal:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        """From a thread: run ``coro`` on the loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         """From a thread: start ``coro`` on the loop without waiting."""

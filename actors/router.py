@@ -6,6 +6,8 @@ lease decides which node serves a session; until leases exist, run one node per 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import msgspec
 import nats.aio.client
@@ -22,6 +24,7 @@ from eventstore import subjects
 log = structlog.get_logger("dispach.router")
 
 _QUEUE = "dispach-nodes"
+C = TypeVar("C")
 _SUBMIT = msgspec.json.Decoder(Submit)
 _STOP = msgspec.json.Decoder(StopTurn)
 _REPLY = msgspec.json.Encoder()
@@ -49,22 +52,31 @@ class Router:
         await self._inflight.drain(timeout)
 
     async def _submit(self, msg: nats.aio.msg.Msg) -> None:
-        try:
-            submit = _SUBMIT.decode(msg.data)
-        except msgspec.DecodeError as e:  # not JSON, or not a command
-            await _answer(msg, Reply(error=_invalid(e)))
-            return
-        result = await self._engine.submit(submit)
-        reply = Reply(error=result) if isinstance(result, Refused) else Reply(accepted=result)
-        await _answer(msg, reply)
+        async def handle(submit: Submit) -> Reply:
+            result = await self._engine.submit(submit)
+            return Reply(error=result) if isinstance(result, Refused) else Reply(accepted=result)
+
+        await _serve(msg, _SUBMIT, handle)
 
     async def _stop(self, msg: nats.aio.msg.Msg) -> None:
-        try:
-            stop = _STOP.decode(msg.data)
-        except msgspec.DecodeError as e:  # not JSON, or not a command
-            await _answer(msg, Reply(error=_invalid(e)))
-            return
-        await _answer(msg, Reply(stop=await self._engine.stop(stop)))
+        async def handle(stop: StopTurn) -> Reply:
+            return Reply(stop=await self._engine.stop(stop))
+
+        await _serve(msg, _STOP, handle)
+
+
+async def _serve(
+    msg: nats.aio.msg.Msg,
+    decoder: msgspec.json.Decoder[C],
+    handle: Callable[[C], Awaitable[Reply]],
+) -> None:
+    """Decode a command and answer it; a body that is not one gets ``invalid_command``."""
+    try:
+        command = decoder.decode(msg.data)
+    except msgspec.DecodeError as e:  # not JSON, or not a command
+        await _answer(msg, Reply(error=_invalid(e)))
+        return
+    await _answer(msg, await handle(command))
 
 
 def _invalid(e: msgspec.DecodeError) -> Refused:

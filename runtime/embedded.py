@@ -267,10 +267,7 @@ def _service_user() -> str | None:
         wanted = mode | (0o055 if path.is_dir() or mode & 0o100 else 0o044)
         if wanted != mode:
             path.chmod(wanted)
-    for parent in install.parents:
-        mode = parent.stat().st_mode
-        if mode & 0o011 != 0o011:
-            parent.chmod(mode | 0o011)
+    _let_traverse(install)
     return _PG_USER
 
 
@@ -279,6 +276,11 @@ def _give_to(path: Path, user: str) -> None:
     entry = pwd.getpwnam(user)
     os.chown(path, entry.pw_uid, entry.pw_gid)
     path.chmod(0o700)
+    _let_traverse(path)
+
+
+def _let_traverse(path: Path) -> None:
+    """Let other users pass through every directory above ``path`` (execute bit only)."""
     for parent in path.parents:
         mode = parent.stat().st_mode
         if mode & 0o011 != 0o011:

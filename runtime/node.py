@@ -155,10 +155,11 @@ class Node:
         if self._router is not None:
             await self._router.stop()
         if self.engine is not None:
-            await self.engine.drain(timeout)
+            await self.engine.drain(timeout)  # stops the actors and waits for the turns
+        else:
+            await asyncio.to_thread(self.actors.stop, timeout)
         for agent in self.agents.values():
             await agent.model.aclose()
-        await asyncio.to_thread(self.actors.stop, timeout)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
