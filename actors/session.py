@@ -65,6 +65,7 @@ class SessionActor(pykka.ThreadingActor):
         self._uncommitted: set[str] = set()  # accepted here, turn.start not yet committed
         self._accepted: dict[str, list[RecordedEvent]] = {}  # committed, not yet started
         self._running: tuple[str, pykka.ActorRef[Any]] | None = None
+        self._runner: TurnRunner | None = None  # the running turn's runner (read-only here)
         self.last_active = time.monotonic()
 
     def on_receive(self, message: Any) -> Any:
@@ -99,13 +100,20 @@ class SessionActor(pykka.ThreadingActor):
             case TurnFinished(turn_id=turn_id):
                 if self._running is not None and self._running[0] == turn_id:
                     self._running = None
+                    self._runner = None
                 self._start_next()
                 return None
         return None
 
     def _submit(self, submit: Submit) -> Accepting | Refused:
         policy = submit.concurrency or self._agent.concurrency
-        busy = self._running is not None or bool(self._queue)
+        # A turn whose end is decided (its turn.end is on its way to the log) no longer counts:
+        # a client that has seen turn.end must not be refused because the news has not yet
+        # reached this actor.
+        running = self._running is not None and (
+            self._runner is None or self._runner.state.ended is None
+        )
+        busy = running or bool(self._queue)
         if busy and policy == "reject":
             return Refused(
                 code="session_busy",
@@ -162,3 +170,4 @@ class SessionActor(pykka.ThreadingActor):
         me = self.actor_ref
         ref = engine.host.start(TurnActor, engine.portal, runner, me.tell, engine.running)
         self._running = (turn_id, ref)
+        self._runner = runner
