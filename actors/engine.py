@@ -8,15 +8,27 @@ import threading
 from collections import defaultdict
 from typing import Any
 
+import msgspec
 import pykka
 import structlog
 
+from actors import idempotency, ids
 from actors.agent import Agent
 from actors.bridge import Portal
 from actors.host import ActorHost
-from actors.messages import Accepted, Refused, Resume, StopResult, StopTurn, Submit
+from actors.messages import (
+    Accepted,
+    Cleared,
+    ClearSession,
+    Refused,
+    Resume,
+    StopResult,
+    StopTurn,
+    Submit,
+)
 from actors.session import IDLE_FOR, Accepting, SessionActor
-from eventstore import EventStore, StoreError
+from eventstore import EventStore, StoreError, WrongExpectedVersion, streams
+from eventstore.catalogue import TurnStart
 
 log = structlog.get_logger("dispach.engine")
 
@@ -65,6 +77,24 @@ class Engine:
                 hint=f"known agents: {', '.join(sorted(self.agents))}",
                 field="agentId",
             )
+        if submit.idempotency_key is not None:
+            problem = idempotency.key_problem(submit.idempotency_key)
+            if problem is not None:
+                return Refused(code="idempotency_key_invalid",
+                               message=f"the Idempotency-Key {problem}",
+                               hint="send 1-255 printable ASCII characters, e.g. a UUID",
+                               field="Idempotency-Key")  # fmt: skip
+            submit = msgspec.structs.replace(
+                submit,
+                turn_id=ids.keyed_turn_id(submit.agent_id, submit.idempotency_key),
+                request_hash=idempotency.request_hash(
+                    submit.session_key, submit.text, submit.deliver
+                ),
+            )
+            assert submit.turn_id is not None and submit.request_hash is not None
+            earlier = await self._replay(submit.turn_id, submit.request_hash)
+            if earlier is not None:
+                return earlier
         for _ in range(2):  # once more if the session was passivated under our feet
             ref = self.session(submit.agent_id, submit.session_key)
             try:
@@ -75,12 +105,44 @@ class Engine:
                 return result
             try:
                 await asyncio.wrap_future(result.committed)
+            except WrongExpectedVersion as e:
+                if submit.turn_id is None or submit.request_hash is None:
+                    return Refused(code=e.code, message=e.message, hint=e.hint)
+                result = Accepting(result.accepted, result.committed, duplicate=True)
             except StoreError as e:
                 return Refused(code=e.code, message=f"the message was not accepted: {e.message}",
                                hint=e.hint)  # fmt: skip
+            if result.duplicate:
+                # Another acceptance with the same key won the race: answer from its turn.start.
+                assert submit.request_hash is not None
+                earlier = await self._replay(result.accepted.turn_id, submit.request_hash)
+                if earlier is not None:
+                    return earlier
+                return Refused(code="accept_conflict",
+                               message="a turn with this Idempotency-Key is being accepted",
+                               hint="retry with the same key shortly")  # fmt: skip
             return result.accepted
         return Refused(code="session_unavailable", message="the session could not be activated",
                        hint="retry the message")  # fmt: skip
+
+    async def _replay(self, turn_id: str, digest: str) -> Accepted | Refused | None:
+        """The answer for a keyed request whose turn is already stored, or None if it is not."""
+        stored = await self.store.aread_stream(streams.turn(turn_id), 0, 1)
+        if not stored or not isinstance(stored[0].data, TurnStart):
+            return None
+        session_key = stored[0].metadata.session_key or ""
+        return idempotency.replay(turn_id, stored[0].data, session_key, digest)
+
+    async def clear(self, clear: ClearSession) -> Cleared | Refused:
+        if clear.agent_id not in self.agents:
+            return Refused(code="agent_not_found", message=f"no agent {clear.agent_id!r}",
+                           hint=f"known agents: {', '.join(sorted(self.agents))}")  # fmt: skip
+        ref = self.session(clear.agent_id, clear.session_key)
+        try:
+            result: Cleared | Refused = await Portal.ask(ref, clear, _ASK_TIMEOUT)
+        except StoreError as e:
+            return Refused(code=e.code, message=e.message, hint=e.hint)
+        return result
 
     async def stop(self, stop: StopTurn) -> StopResult:
         rows = await self.store.afetch(_TURN, [stop.turn_id])

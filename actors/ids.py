@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 
@@ -29,3 +30,10 @@ def turn_id() -> str:
 
 def step_id() -> str:
     return _new("s")
+
+
+def keyed_turn_id(agent_id: str, idempotency_key: str) -> str:
+    """The id of the turn an ``Idempotency-Key`` names: ``t_k`` + 16 base36 digits of a SHA-256
+    of the agent and the key, so every node derives the same id (see actors/idempotency.py)."""
+    digest = hashlib.sha256(f"{agent_id}\0{idempotency_key}".encode()).digest()
+    return "t_k" + _base36(int.from_bytes(digest[:10], "big")).rjust(16, "0")[-16:]

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from eventstore.catalogue import Deliver
+from eventstore.catalogue import Deliver, Sender
 
 Policy = Literal["queue", "reject", "interrupt"]
 
@@ -20,10 +20,30 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     source: str = "api"
     deliver: Deliver | None = None
     concurrency: Policy | None = None
+    idempotency_key: str | None = None
+    sender: Sender | None = None
+    turn_id: str | None = None
+    """Set by the engine for a keyed message (derived from the key); otherwise minted."""
+    request_hash: str | None = None
+    """Set by the engine for a keyed message."""
 
 
-class Accepted(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class Accepted(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
     turn_id: str
+    session_key: str
+    replayed: bool = False
+    """True when an ``Idempotency-Key`` named a turn accepted before: nothing new runs."""
+
+
+class ClearSession(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Drop a session's history from the next turns' context (appends ``session.cleared``)."""
+
+    agent_id: str
+    session_key: str
+    by: str = "api"
+
+
+class Cleared(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     session_key: str
 
 
@@ -60,4 +80,5 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
 
     accepted: Accepted | None = None
     stop: StopResult | None = None
+    cleared: Cleared | None = None
     error: Refused | None = None

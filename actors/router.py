@@ -18,7 +18,7 @@ import structlog
 
 from actors.bridge import InFlight
 from actors.engine import Engine
-from actors.messages import Refused, Reply, StopTurn, Submit
+from actors.messages import ClearSession, Refused, Reply, StopTurn, Submit
 from eventstore import subjects
 
 log = structlog.get_logger("dispach.router")
@@ -27,6 +27,7 @@ _QUEUE = "dispach-nodes"
 C = TypeVar("C")
 _SUBMIT = msgspec.json.Decoder(Submit)
 _STOP = msgspec.json.Decoder(StopTurn)
+_CLEAR = msgspec.json.Decoder(ClearSession)
 _REPLY = msgspec.json.Encoder()
 
 
@@ -42,6 +43,9 @@ class Router:
         self._subs = [
             await self._nc.subscribe(f"{subjects.PREFIX}.session.>", _QUEUE, cb=wrap(self._submit)),
             await self._nc.subscribe(f"{subjects.PREFIX}.turn.>", _QUEUE, cb=wrap(self._stop)),
+            await self._nc.subscribe(
+                f"{subjects.PREFIX}.sessionadmin.>", _QUEUE, cb=wrap(self._clear)
+            ),
         ]
 
     async def stop(self, timeout: float = 10.0) -> None:
@@ -63,6 +67,13 @@ class Router:
             return Reply(stop=await self._engine.stop(stop))
 
         await _serve(msg, _STOP, handle)
+
+    async def _clear(self, msg: nats.aio.msg.Msg) -> None:
+        async def handle(clear: ClearSession) -> Reply:
+            result = await self._engine.clear(clear)
+            return Reply(error=result) if isinstance(result, Refused) else Reply(cleared=result)
+
+        await _serve(msg, _CLEAR, handle)
 
 
 async def _serve(

@@ -19,6 +19,8 @@ from actors import ids
 from actors.bridge import Ask, answer
 from actors.messages import (
     Accepted,
+    Cleared,
+    ClearSession,
     Refused,
     Resume,
     StopResult,
@@ -29,7 +31,7 @@ from actors.messages import (
 from actors.turn.actor import TurnActor
 from actors.turn.runner import TurnRunner
 from eventstore import NO_STREAM, AppendResult, Metadata, NewEvent, RecordedEvent, streams
-from eventstore.catalogue import Tokens, TurnEnd, TurnStart
+from eventstore.catalogue import SessionCleared, Tokens, TurnEnd, TurnStart
 
 if TYPE_CHECKING:
     from actors.engine import Engine
@@ -46,6 +48,9 @@ class Accepting:
 
     accepted: Accepted
     committed: Future[AppendResult]
+    duplicate: bool = False
+    """The turn id (derived from an Idempotency-Key) is already this session's: nothing was
+    appended, and the asker answers from the stored turn.start once ``committed`` resolves."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class SessionActor(pykka.ThreadingActor):
         self._agent = engine.agents[agent_id]
         self._session_key = session_key
         self._queue: deque[str] = deque()
-        self._uncommitted: set[str] = set()  # accepted here, turn.start not yet committed
+        self._uncommitted: dict[str, Future[AppendResult]] = {}  # turn.start not yet committed
         self._accepted: dict[str, list[RecordedEvent]] = {}  # committed, not yet started
         self._running: tuple[str, pykka.ActorRef[Any]] | None = None
         self._runner: TurnRunner | None = None  # the running turn's runner (read-only here)
@@ -76,7 +81,7 @@ class SessionActor(pykka.ThreadingActor):
 
     def _handle(self, message: Any) -> Any:
         if isinstance(message, _Committed):
-            self._uncommitted.discard(message.turn_id)
+            self._uncommitted.pop(message.turn_id, None)
             if message.result is None:
                 if message.turn_id in self._queue:  # never accepted: the asker got the error
                     self._queue.remove(message.turn_id)
@@ -93,6 +98,8 @@ class SessionActor(pykka.ThreadingActor):
                 return self._submit(submit)
             case StopTurn() as stop:
                 return self._stop_turn(stop)
+            case ClearSession() as clear:
+                return self._clear(clear)
             case Resume(turn_ids=turn_ids):
                 self._queue.extend(t for t in turn_ids if t not in self._queue)
                 self._start_next()
@@ -120,16 +127,27 @@ class SessionActor(pykka.ThreadingActor):
                 message=f"session {self._session_key!r} is running a turn",
                 hint="wait for its turn.end, send with concurrency 'queue', or stop it first",
             )
-        turn_id = ids.turn_id()
+        turn_id = submit.turn_id or ids.turn_id()
+        known = self._known(turn_id)
+        if known is not None:
+            return Accepting(Accepted(turn_id=turn_id, session_key=self._session_key), known,
+                             duplicate=True)  # fmt: skip
         meta = Metadata(agent_id=self._agent.id, session_key=self._session_key, turn_id=turn_id)
-        start = TurnStart(source=submit.source, input=submit.text, deliver=submit.deliver)
+        start = TurnStart(
+            source=submit.source,
+            input=submit.text,
+            deliver=submit.deliver,
+            idempotency_key=submit.idempotency_key,
+            request_hash=submit.request_hash,
+            sender=submit.sender,
+        )
         # 202 means durable: the turn exists once this append has committed. The actor does not
         # wait for the commit (the asker does); the turn starts only after it.
         committed = self._engine.store.submit(
             streams.turn(turn_id), [NewEvent(event=start, metadata=meta)], NO_STREAM
         )
         self._queue.append(turn_id)
-        self._uncommitted.add(turn_id)
+        self._uncommitted[turn_id] = committed
         me = self.actor_ref
 
         def settled(future: Future[AppendResult]) -> None:
@@ -141,6 +159,31 @@ class SessionActor(pykka.ThreadingActor):
         if policy == "interrupt" and self._running is not None:
             self._running[1].tell(StopTurn(turn_id=self._running[0], by="interrupt"))
         return Accepting(Accepted(turn_id=turn_id, session_key=self._session_key), committed)
+
+    def _known(self, turn_id: str) -> Future[AppendResult] | None:
+        """The commit of a turn this session already holds (queued or running), if it does."""
+        pending = self._uncommitted.get(turn_id)
+        if pending is not None:
+            return pending
+        if turn_id in self._queue or (self._running is not None and self._running[0] == turn_id):
+            done: Future[AppendResult] = Future()
+            done.set_result(AppendResult(streams.turn(turn_id), []))
+            return done
+        return None
+
+    def _clear(self, clear: ClearSession) -> Cleared | Refused:
+        if self._running is not None or self._queue:
+            return Refused(
+                code="session_busy",
+                message=f"session {self._session_key!r} has a turn running or queued",
+                hint="wait for its turn.end (or stop it), then clear the session",
+            )
+        meta = Metadata(agent_id=self._agent.id, session_key=self._session_key)
+        self._engine.store.append(
+            streams.session(self._agent.id, self._session_key),
+            [NewEvent(event=SessionCleared(by=clear.by), metadata=meta)],
+        )
+        return Cleared(session_key=self._session_key)
 
     def _stop_turn(self, stop: StopTurn) -> StopResult:
         if self._running is not None and self._running[0] == stop.turn_id:

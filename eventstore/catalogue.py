@@ -35,6 +35,14 @@ class Deliver(msgspec.Struct, frozen=True, kw_only=True):
     to: str
 
 
+class Sender(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Who sent the message, as the caller says (Dispach v1's ``from``)."""
+
+    id: str
+    name: str | None = None
+    kind: Literal["user", "agent"] = "user"
+
+
 class ContextSlot(msgspec.Struct, frozen=True, kw_only=True):
     slot: int
     label: str
@@ -49,13 +57,17 @@ class TurnStart(Event, frozen=True):
     """The acceptance event: a turn exists once this is committed (202 means durable)."""
 
     TYPE: ClassVar[str] = "turn.start"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"idempotency_key", "request_hash"})
     source: str
     input_tokens: int = 0
     input: str = ""
     trust: str = "trusted"
     deliver: Deliver | None = None
     idempotency_key: str | None = None
+    """The caller's ``Idempotency-Key``: the turn's id is derived from it (see actors/ids.py)."""
     request_hash: str | None = None
+    """A digest of what was asked (text, session, delivery): a replay must match it."""
+    sender: Sender | None = None
 
 
 class TurnAttempt(Event, frozen=True):

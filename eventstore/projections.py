@@ -225,10 +225,11 @@ class MessagesProjection:
         role, content_value = row
         return [
             (
-                """INSERT INTO messages (agent_id, session_key, position, turn_id, role, content)
-                   VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
+                """INSERT INTO messages (agent_id, session_key, position, turn_id, role, content,
+                                         recorded_at)
+                   VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING""",
                 [meta.agent_id, meta.session_key, event.position, meta.turn_id, role,
-                 Jsonb(content_value)],
+                 Jsonb(content_value), event.recorded_at],
             )
         ]  # fmt: skip
 

@@ -191,6 +191,44 @@ class EventStore:
         rows = await self.afetch(load("read_all").encode(), _page(after, limit))
         return [decode_row(r) for r in rows]
 
+    async def ahead(self) -> Checkpoint:
+        """:meth:`head` on the event loop."""
+        rows = await self.afetch(load("log_head").encode())
+        return START if not rows else Checkpoint(int(rows[0][0]), rows[0][1])
+
+    async def alast(self, stream: str) -> RecordedEvent | None:
+        """The last event of ``stream``, or None if it has none."""
+        rows = await self.afetch(load("read_last").encode(), {"stream": stream})
+        return decode_row(rows[0]) if rows else None
+
+    async def aread_turn(
+        self, turn_id: str, after: Checkpoint = START, limit: int = 1000
+    ) -> list[RecordedEvent]:
+        """Events about one turn (any stream) after ``after``, in checkpoint order."""
+        rows = await self.afetch(
+            load("read_turn").encode(), {"turn_id": turn_id, **_page(after, limit)}
+        )
+        return [decode_row(r) for r in rows]
+
+    async def aread_scoped(
+        self,
+        after: Checkpoint = START,
+        limit: int = 1000,
+        *,
+        agent_id: str | None = None,
+        session_key: str | None = None,
+        types: Sequence[str] | None = None,
+    ) -> list[RecordedEvent]:
+        """:meth:`aread_all` narrowed in Postgres to an agent, a session and some types."""
+        params: dict[str, object] = {
+            **_page(after, limit),
+            "agent_id": agent_id,
+            "session_key": session_key,
+            "types": list(types) if types is not None else None,
+        }
+        rows = await self.afetch(load("read_scoped").encode(), params)
+        return [decode_row(r) for r in rows]
+
     async def subscribe(
         self,
         after: Checkpoint = START,

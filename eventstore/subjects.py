@@ -53,6 +53,11 @@ def session(agent_id: str, session_key: str) -> str:
     return f"{PREFIX}.session.{token(agent_id)}.{session_token(session_key)}"
 
 
+def session_admin(agent_id: str, session_key: str) -> str:
+    """Commands about a session other than a message (clearing it)."""
+    return f"{PREFIX}.sessionadmin.{token(agent_id)}.{session_token(session_key)}"
+
+
 def turn(turn_id: str) -> str:
     return f"{PREFIX}.turn.{token(turn_id)}"
 

@@ -17,6 +17,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -34,6 +35,7 @@ from eventstore.errors import (
     StoreUnavailable,
 )
 from eventstore.event import encode_data, type_name
+from eventstore.metrics import APPEND_ERROR, APPEND_OK, BATCH_COMMANDS, EVENTS_APPENDED
 from eventstore.projection import Projection, run_statements, statements_for
 
 log = structlog.get_logger("dispach.writer")
@@ -85,6 +87,9 @@ class GroupCommitWriter:
         if self._closed:
             raise StoreClosed
         command = Command(stream, events, expected)
+        # Timed by the future itself, so every way an append is answered (settled, failed,
+        # refused at stop) is observed once, in the thread that answers it.
+        command.future.add_done_callback(partial(_observe_append, time.perf_counter()))
         try:
             self._queue.put_nowait(command)
         except queue.Full:
@@ -200,6 +205,9 @@ class GroupCommitWriter:
         outcomes: dict[Command, AppendResult | StoreError],
         committed: list[RecordedEvent],
     ) -> None:
+        # Counted before the callers wake, so a caller that saw its append sees it counted.
+        BATCH_COMMANDS.observe(len(batch))
+        EVENTS_APPENDED.inc(len(committed))
         for command in batch:
             outcome = outcomes[command]
             if command.future.cancelled():
@@ -345,6 +353,13 @@ class GroupCommitWriter:
         if self._conn is not None and not self._conn.closed:
             with contextlib.suppress(psycopg.Error):
                 self._conn.rollback()
+
+
+def _observe_append(submitted: float, future: Future[AppendResult]) -> None:
+    if future.cancelled():
+        return  # the caller stopped waiting: there is no answer to time
+    elapsed = time.perf_counter() - submitted
+    (APPEND_OK if future.exception() is None else APPEND_ERROR).observe(elapsed)
 
 
 def _unavailable(e: psycopg.Error) -> StoreUnavailable:

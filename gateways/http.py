@@ -1,51 +1,53 @@
-"""The HTTP surface of a node (Starlette). This issue: liveness and readiness."""
+"""The HTTP surface of a node (Starlette): API v1, its streams, the WebSocket, OpenAPI and
+metrics, behind the :class:`gateways.auth.Guard` (DESIGN.md 6)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Iterable
 
-import msgspec
+import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
+from gateways import api, openapi, sse, ws
+from gateways.api import ApiError, Runtime
+from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
+from gateways.metrics import metrics_endpoint
+from gateways.schemas import Health, Ready
+
+log = structlog.get_logger("dispach.http")
+
+VERSION = "0.1.0"
 
 
-class NodeStatus(Protocol):
-    """What the gateway needs to know about the node hosting it."""
-
-    node_id: str
-
-    def uptime_ms(self) -> int: ...
-
-    def readiness(self) -> tuple[bool, str, dict[str, bool]]:
-        """``(ready, phase, checks)``: phase is e.g. starting, ready, draining."""
-        ...
-
-
-class Health(msgspec.Struct, frozen=True, rename="camel"):
-    status: str
-    node_id: str
-    uptime_ms: int
-
-
-class Ready(msgspec.Struct, frozen=True, rename="camel"):
-    ready: bool
-    phase: str
-    checks: dict[str, bool]
-
-
-def create_app(node: NodeStatus) -> Starlette:
+def create_app(
+    rt: Runtime,
+    *,
+    tokens: Iterable[str] = (),
+    loopback: bool = True,
+    allowed_hosts: Iterable[str] = (),
+    max_body: int = 1_000_000,
+) -> Starlette:
     async def health(request: Request) -> Response:
-        return json_response(Health("ok", node.node_id, node.uptime_ms()))
+        return json_response(
+            Health(
+                status="ok",
+                version=VERSION,
+                node_id=rt.node_id,
+                uptime_ms=rt.uptime_ms(),
+                agents=len(rt.agent_details()),
+            )
+        )
 
     async def ready(request: Request) -> Response:
-        ok, phase, checks = node.readiness()
+        ok, phase, checks = rt.readiness()
         if ok:
-            return json_response(Ready(True, phase, checks))
+            return json_response(Ready(ready=True, phase=phase, checks=checks))
         failing = ", ".join(name for name, good in checks.items() if not good) or phase
         return error_response(
             503,
@@ -53,6 +55,41 @@ def create_app(node: NodeStatus) -> Starlette:
             f"the node is {phase} (waiting on: {failing})",
             "retry shortly; a starting node becomes ready once Postgres and NATS are up",
             headers={"Retry-After": "1"},
+        )
+
+    async def openapi_json(request: Request) -> Response:
+        return Response(openapi.document(), media_type="application/json")
+
+    agent = "/v1/agents/{agent}"
+    turn = agent + "/turns/{turn_id}"
+    session = agent + "/sessions/{key}"
+    routes = [
+        Route("/v1/health", health, methods=["GET"]),
+        Route("/v1/ready", ready, methods=["GET"]),
+        Route("/v1/openapi.json", openapi_json, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v1/agents", api.list_agents, methods=["GET"]),
+        Route(agent, api.get_agent, methods=["GET"]),
+        Route(agent + "/messages", api.post_message, methods=["POST"]),
+        Route(agent + "/turns", api.list_turns, methods=["GET"]),
+        Route(turn, api.get_turn, methods=["GET"]),
+        Route(turn + "/stop", api.stop_turn, methods=["POST"]),
+        Route(turn + "/events", api.turn_events, methods=["GET"]),
+        Route(turn + "/stream", sse.turn_stream, methods=["GET"]),
+        Route("/v1/turns/{turn_id}", api.get_turn_any, methods=["GET"]),
+        Route(agent + "/sessions", api.list_sessions, methods=["GET"]),
+        Route(session, api.get_session, methods=["GET"]),
+        Route(session, api.clear_session, methods=["DELETE"]),
+        Route(session + "/messages", api.session_messages, methods=["GET"]),
+        Route(session + "/messages", api.clear_session, methods=["DELETE"]),
+        Route("/v1/events", sse.events_stream, methods=["GET"]),
+        WebSocketRoute("/v1/ws", ws.websocket_endpoint),
+    ]
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(
+            exc.status, exc.code, exc.message, exc.hint, field=exc.field, headers=exc.headers
         )
 
     async def http_error(request: Request, exc: Exception) -> Response:
@@ -71,13 +108,34 @@ def create_app(node: NodeStatus) -> Starlette:
             f"no route for {request.method} {request.url.path}"
             if exc.status_code == 404
             else str(exc.detail),
-            "check the method and path against the API reference in README.md",
+            "check the method and path against GET /v1/openapi.json",
         )
 
-    return Starlette(
-        routes=[
-            Route("/v1/health", health, methods=["GET"]),
-            Route("/v1/ready", ready, methods=["GET"]),
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        log.error("request_failed", method=request.method, path=request.url.path, exc_info=exc)
+        return error_response(
+            500,
+            "internal_error",
+            "the server failed to answer this request",
+            "retry; if it persists, the node's log has the cause",
+        )
+
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            ApiError: api_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
+        middleware=[
+            Middleware(
+                Guard,
+                tokens=TokenTable(tokens),
+                loopback=loopback,
+                allowed_hosts=allowed_hosts,
+                max_body=max_body,
+            ),
         ],
-        exception_handlers={HTTPException: http_error},
     )
+    app.state.runtime = rt
+    return app

@@ -14,22 +14,30 @@ import nats.aio.subscription
 import nats.errors
 import structlog
 
+from actors import idempotency
 from actors.bridge import InFlight
-from actors.messages import Accepted, Refused, Reply, StopTurn, Submit
+from actors.messages import Accepted, Cleared, ClearSession, Refused, Reply, StopTurn, Submit
 from eventstore import subjects
+from eventstore.catalogue import Deliver, Sender
 
 log = structlog.get_logger("dispach.ingress")
 
 MAX_TEXT = 200_000
+MAX_SESSION_KEY = 512
 DEFAULT_SESSION = "api:default"
 
 
 class IngressMessage(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
                      forbid_unknown_fields=True):  # fmt: skip
+    """A message from an internal producer (NATS), and what the HTTP and WS gateways build."""
+
     text: str
     session_key: str = DEFAULT_SESSION
     source: str = "nats"
     concurrency: Literal["queue", "reject", "interrupt"] | None = None
+    deliver: Deliver | None = None
+    idempotency_key: str | None = None
+    sender: Sender | None = msgspec.field(default=None, name="from")
 
 
 class Error(msgspec.Struct, frozen=True):
@@ -46,14 +54,15 @@ async def submit(
 ) -> Accepted | Refused:
     """Send a message to its session's actor over NATS and wait for the acceptance."""
     command = Submit(agent_id=agent_id, session_key=message.session_key, text=message.text,
-                     source=message.source, concurrency=message.concurrency)  # fmt: skip
+                     source=message.source, concurrency=message.concurrency,
+                     deliver=message.deliver, idempotency_key=message.idempotency_key,
+                     sender=message.sender)  # fmt: skip
     try:
         answer = await nc.request(
             subjects.session(agent_id, message.session_key), _ENCODE.encode(command), timeout
         )
     except nats.errors.NoRespondersError:
-        return Refused(code="no_node", message="no node serves sessions right now",
-                       hint="start a node (`dispach serve`) against this NATS")  # fmt: skip
+        return _NO_NODE
     except nats.errors.TimeoutError:
         return Refused(code="accept_timeout",
                        message=f"the session did not answer within {timeout:g} s",
@@ -67,10 +76,60 @@ async def submit(
 
 
 async def stop(nc: nats.aio.client.Client, turn_id: str, by: str, timeout: float = 10.0) -> Reply:
-    answer = await nc.request(
-        subjects.turn(turn_id), _ENCODE.encode(StopTurn(turn_id=turn_id, by=by)), timeout
-    )
+    return await _command(nc, subjects.turn(turn_id), StopTurn(turn_id=turn_id, by=by), timeout)
+
+
+async def clear(nc: nats.aio.client.Client, agent_id: str, session_key: str, by: str,
+                timeout: float = 10.0) -> Cleared | Refused:  # fmt: skip
+    """Clear a session's history through its actor (appends ``session.cleared``)."""
+    command = ClearSession(agent_id=agent_id, session_key=session_key, by=by)
+    reply = await _command(nc, subjects.session_admin(agent_id, session_key), command, timeout)
+    if reply.cleared is not None:
+        return reply.cleared
+    assert reply.error is not None
+    return reply.error
+
+
+async def _command(
+    nc: nats.aio.client.Client, subject: str, command: object, timeout: float
+) -> Reply:
+    try:
+        answer = await nc.request(subject, _ENCODE.encode(command), timeout)
+    except nats.errors.NoRespondersError:
+        return Reply(error=_NO_NODE)
+    except nats.errors.TimeoutError:
+        return Reply(error=Refused(code="command_timeout",
+                                   message=f"no answer within {timeout:g} s",
+                                   hint="the node is overloaded or stuck; retry"))  # fmt: skip
     return _REPLY.decode(answer.data)
+
+
+_NO_NODE = Refused(code="no_node", message="no node serves sessions right now",
+                   hint="start a node (`dispach serve`) against this NATS")  # fmt: skip
+
+
+def check(message: IngressMessage) -> Refused | None:
+    """What every door checks before a message reaches its session (HTTP, WS and NATS alike)."""
+    if not message.text.strip():
+        return Refused(code="message_text_required", message="the message has no text",
+                       hint="send a non-empty `text`", field="text")  # fmt: skip
+    if len(message.text) > MAX_TEXT:
+        return Refused(code="text_too_long",
+                       message=f"the text has {len(message.text)} characters",
+                       hint=f"send at most {MAX_TEXT} characters", field="text")  # fmt: skip
+    if not message.session_key or len(message.session_key) > MAX_SESSION_KEY:
+        return Refused(code="session_key_invalid",
+                       message=f"the session key has {len(message.session_key)} characters",
+                       hint=f"use 1 to {MAX_SESSION_KEY} characters, e.g. 'api:default'",
+                       field="sessionKey")  # fmt: skip
+    if message.idempotency_key is not None:
+        problem = idempotency.key_problem(message.idempotency_key)
+        if problem is not None:
+            return Refused(code="idempotency_key_invalid",
+                           message=f"the Idempotency-Key {problem}",
+                           hint="send 1-255 printable ASCII characters, e.g. a UUID",
+                           field="Idempotency-Key")  # fmt: skip
+    return None
 
 
 class Ingress:
@@ -113,11 +172,4 @@ class Ingress:
             return Refused(code="invalid_message", message=f"the message is not valid: {e}",
                            hint='send JSON like {"text": "hello", "sessionKey": "api:default"}',
                            field=field)  # fmt: skip
-        if not message.text.strip():
-            return Refused(code="empty_text", message="the message has no text",
-                           hint="send a non-empty `text`", field="text")  # fmt: skip
-        if len(message.text) > MAX_TEXT:
-            return Refused(code="text_too_long",
-                           message=f"the text has {len(message.text)} characters",
-                           hint=f"send at most {MAX_TEXT} characters", field="text")  # fmt: skip
-        return await submit(self._nc, agent_id, message)
+        return check(message) or await submit(self._nc, agent_id, message)

@@ -7,15 +7,17 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
+import msgspec
 
 from eventstore.errors import DispachError
 from runtime import config as config_module
 
 if TYPE_CHECKING:
     from eventstore import EventStore, Projection
+    from gateways.client import Client, StreamFrame
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -169,4 +171,282 @@ def _errors() -> Iterator[None]:
     try:
         yield
     except DispachError as e:
+        raise click.ClickException(f"{e.code}: {e.message}\n  hint: {e.hint}") from e
+
+
+# The client commands: they talk to a running node over HTTP (gateways.client), never to the log.
+
+# Exit codes of `send` by the turn's end reason; 1 is a failure to send or follow (click's own).
+TURN_EXIT_CODES = {"final": 0, "stopped": 3, "max_steps": 4, "timeout": 4, "output_limit": 4}
+TURN_ERROR_EXIT = 5
+
+_url_option = click.option(
+    "--url",
+    envvar="DISPACH_URL",
+    default="http://127.0.0.1:7420",
+    show_default=True,
+    help="The node's HTTP address (DISPACH_URL).",
+)
+
+
+@main.command()
+@_url_option
+@click.option("--agent", default="assistant", show_default=True, help="Agent id.")
+@click.option("--session", help="Session key (default: the agent's api:default).")
+@click.option("--idempotency-key", help="Sending the same key and text again makes no new turn.")
+@click.option("--no-stream", is_flag=True, help="Print the turn id once accepted; do not follow.")
+@click.argument("text")
+def send(
+    url: str,
+    agent: str,
+    session: str | None,
+    idempotency_key: str | None,
+    no_stream: bool,
+    text: str,
+) -> None:
+    """Send TEXT to an agent and print the turn live: the reply on stdout as it is written; tool
+    calls, retries and the final status on stderr.
+
+    Exit status: 0 when the turn ends `final`, 3 `stopped`, 4 at a limit (`max_steps`,
+    `timeout`, `output_limit`), 5 `error`; 1 when the message could not be sent or followed.
+    """
+    with _client_errors(), _client(url) as client:
+        accepted = client.send(agent, text, session_key=session, idempotency_key=idempotency_key)
+        if no_stream:
+            click.echo(accepted.turn_id)
+            return
+        replayed = ", replayed: accepted before" if accepted.replayed else ""
+        click.secho(
+            f"turn {accepted.turn_id}, session {accepted.session_key}{replayed}", dim=True, err=True
+        )
+        reason = _follow(client, agent, accepted.turn_id)
+    sys.exit(TURN_EXIT_CODES.get(reason or "error", TURN_ERROR_EXIT))
+
+
+@main.command()
+@_url_option
+@click.option("--agent", default="assistant", show_default=True, help="Agent id.")
+@click.option("--session", help="Session key kept for the whole chat (default: cli:<random>).")
+def chat(url: str, agent: str, session: str | None) -> None:
+    """Talk with an agent: each line you type is a message; /quit or end of input leaves."""
+    import secrets
+
+    from gateways.client import ClientError
+
+    key = session or f"cli:{secrets.token_hex(4)}"
+    click.secho(f"{agent}, session {key}. /quit or Ctrl-D to leave.", dim=True, err=True)
+    with _client(url) as client:
+        while True:
+            click.echo("you> ", nl=False)
+            line = sys.stdin.readline()
+            if not line:
+                click.echo()
+                return
+            text = line.strip()
+            if text == "/quit":
+                return
+            if not text:
+                continue
+            try:
+                accepted = client.send(agent, text, session_key=key)
+                _follow(client, agent, accepted.turn_id, prefix=f"{agent}> ")
+            except ClientError as e:
+                click.secho(f"{e.code}: {e.message}\n  hint: {e.hint}", fg="red", err=True)
+
+
+@main.group()
+def turns() -> None:
+    """Inspect and stop turns on a running node."""
+
+
+@turns.command("show")
+@_url_option
+@click.argument("turn_id")
+@click.option("--json", "as_json", is_flag=True, help="The resource and its events as JSON.")
+def turns_show(url: str, turn_id: str, as_json: bool) -> None:
+    """Print a turn and its timeline: one line per stored event."""
+    with _client_errors(), _client(url) as client:
+        turn = client.turn(turn_id)
+        found = client.events(turn["agentId"], turn_id)
+    if as_json:
+        click.echo(msgspec.json.format(msgspec.json.encode({"turn": turn, "events": found})))
+        return
+    for line in _describe_turn(turn):
+        click.echo(line)
+    start = _instant(found[0]["ts"]) if found else 0.0
+    for event in found:
+        offset = f"+{_instant(event['ts']) - start:.3f}s"
+        kind = click.style(f"{event['type']:<18}", bold=True)
+        click.echo(f"  {offset:>9}  {kind} {_summary(event['type'], event['data'])}".rstrip())
+
+
+@turns.command("stop")
+@_url_option
+@click.argument("turn_id")
+def turns_stop(url: str, turn_id: str) -> None:
+    """Ask a running turn to stop (its turn.end follows with reason `stopped`)."""
+    with _client_errors(), _client(url) as client:
+        client.stop(client.turn(turn_id)["agentId"], turn_id)
+    click.echo(f"stopping {turn_id}")
+
+
+def _follow(client: Client, agent: str, turn_id: str, prefix: str = "") -> str | None:
+    """Print a turn's stream until it ends; return its end reason."""
+    printer = _TurnPrinter(prefix)
+    try:
+        for frame in client.stream_turn(agent, turn_id):
+            printer.frame(frame)
+    except KeyboardInterrupt:
+        printer.end_line()
+        click.secho(f"interrupted; turn {turn_id} runs on (dispach turns stop {turn_id})", err=True)
+        sys.exit(130)
+    return printer.reason
+
+
+class _TurnPrinter:
+    """Writes the frames of one turn for a person at a terminal."""
+
+    _NOTED = frozenset(
+        {"model.retry", "tool.call", "tool.result", "tool.gated", "tool.repair",
+         "approval.requested", "approval.resolved", "turn.stopping", "delivery.failed"}
+    )  # fmt: skip
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.reason: str | None = None
+        self.replied = False
+        self._open = False  # stdout has a line without its end
+
+    def frame(self, frame: StreamFrame) -> None:
+        data: dict[str, Any] = frame.data.get("data") or {}
+        match frame.event:
+            case "model.chunk" if data.get("kind", "text") == "text":
+                self._reply(str(data.get("delta", "")))
+            case "turn.attempt" if data.get("attempt", 1) > 1:
+                self._note(frame.event, data)
+            case "turn.end":
+                if not self.replied and data.get("text"):
+                    self._reply(str(data["text"]))  # its chunks were not on the stream
+                self.reason = data.get("reason")
+                self.end_line()
+                colour = "green" if self.reason == "final" else "red"
+                click.secho(_summary("turn.end", data), fg=colour, err=True)
+            case "stream.ended" if self.reason is None:
+                self.reason = frame.data.get("status")
+            case event if event in self._NOTED:
+                self._note(event, data)
+
+    def end_line(self) -> None:
+        if self._open:
+            click.echo()
+            self._open = False
+
+    def _reply(self, delta: str) -> None:
+        if not delta:
+            return
+        if not self._open and self.prefix:
+            click.secho(self.prefix, bold=True, nl=False)
+        click.echo(delta, nl=False)
+        self.replied = True
+        self._open = not delta.endswith("\n")
+
+    def _note(self, event: str, data: dict[str, Any]) -> None:
+        self.end_line()
+        click.secho(f"  {event}  {_summary(event, data)}", dim=True, err=True)
+
+
+def _summary(event: str, d: dict[str, Any]) -> str:
+    """A short line about one event's public data."""
+    match event:
+        case "turn.start":
+            return f"{d.get('source')}: {_clip(repr(d.get('input', '')))}"
+        case "turn.attempt":
+            return f"attempt {d.get('attempt')} on {d.get('node')}" + (
+                f", resumed from step {d['resumedFromStep']}" if d.get("resumedFromStep") else ""
+            )
+        case "context.assembled":
+            return f"{d.get('total')} tokens in {len(d.get('slots') or [])} blocks"
+        case "model.call":
+            return f"{d.get('role')} {d.get('model')}, {d.get('promptTokens')} prompt tokens"
+        case "model.chunk":
+            return f"{d.get('kind', 'text')} {_clip(repr(d.get('delta', '')))}"
+        case "model.retry":
+            return f"status {d.get('status')}, attempt {d.get('attempt')}, in {d.get('delayMs')} ms"
+        case "model.result":
+            return (
+                f"{d.get('finishReason')}, {d.get('outputTokens')} output tokens,"
+                f" {d.get('latencyMs')} ms" + _error(d)
+            )
+        case "tool.call":
+            mutating = ", mutating" if d.get("mutating") else ""
+            return f"{d.get('slug')} ({d.get('callId')}), args #{d.get('argsHash')}{mutating}"
+        case "tool.result":
+            flags = [f for f in ("truncated", "uncertain") if d.get(f)]
+            return (
+                f"{d.get('slug')} {'ok' if d.get('ok') else 'failed'}, {d.get('latencyMs')} ms,"
+                f" {d.get('bytes')} bytes" + "".join(f", {f}" for f in flags)
+            )
+        case "turn.end":
+            tokens = d.get("tokens") or {}
+            return (
+                f"{d.get('reason')}: {_steps(d.get('steps'))}, {tokens.get('prompt', 0)} prompt +"
+                f" {tokens.get('output', 0)} output tokens, {d.get('durationMs')} ms" + _error(d)
+            )
+    return _clip(msgspec.json.encode(d).decode())
+
+
+def _error(d: dict[str, Any]) -> str:
+    error = d.get("error")
+    if not error:
+        return ""
+    return f"\n  {error.get('code')}: {error.get('message')}\n  hint: {error.get('hint')}"
+
+
+def _steps(count: object) -> str:
+    return "1 step" if count == 1 else f"{count} steps"
+
+
+def _clip(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _describe_turn(t: dict[str, Any]) -> list[str]:
+    lines = [
+        f"turn {t['turnId']}  agent {t.get('agentId')}  session {t.get('sessionKey')}",
+        f"status {t.get('status')} ({t.get('state')}), {_steps(t.get('steps'))},"
+        f" {t.get('promptTokens')} prompt + {t.get('outputTokens')} output tokens"
+        + (f", {t['durationMs']} ms" if t.get("durationMs") is not None else ""),
+        f"input: {_clip(repr(t.get('input', '')))}",
+    ]
+    if t.get("text"):
+        lines.append(f"reply: {_clip(repr(t['text']))}")
+    if t.get("errorCode"):
+        lines.append(f"error {t['errorCode']}: {t.get('errorMessage')}")
+        lines.append(f"  hint: {t.get('errorHint')}")
+    return [*lines, "timeline:"]
+
+
+def _instant(ts: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(ts).timestamp()
+
+
+def _client(url: str) -> Client:
+    """A client for ``url`` with the first token of DISPACH_API_TOKEN (its ``@scope`` removed)."""
+    import os
+
+    from gateways.client import Client
+
+    tokens = [t.strip() for t in os.environ.get("DISPACH_API_TOKEN", "").split(",") if t.strip()]
+    return Client(url, tokens[0].partition("@")[0] if tokens else None)
+
+
+@contextmanager
+def _client_errors() -> Iterator[None]:
+    from gateways.client import ClientError
+
+    try:
+        yield
+    except ClientError as e:
         raise click.ClickException(f"{e.code}: {e.message}\n  hint: {e.hint}") from e

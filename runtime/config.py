@@ -27,6 +27,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     port: int = DEFAULT_PORT
     tokens: tuple[str, ...] = ()
     """Bearer tokens accepted by the API (DISPACH_API_TOKEN, comma-separated for several)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names a loopback bind also answers to (DISPACH_ALLOWED_HOSTS; DNS-rebinding guard)."""
+    max_body: int = 1_000_000
+    """Request body cap in bytes (DISPACH_MAX_BODY)."""
     node_id: str = ""
     log_format: str = "auto"
     log_level: str = "info"
@@ -66,6 +70,10 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "tokens": tuple(
             t.strip() for t in env.get("DISPACH_API_TOKEN", "").split(",") if t.strip()
         ),
+        "allowed_hosts": tuple(
+            h.strip() for h in env.get("DISPACH_ALLOWED_HOSTS", "").split(",") if h.strip()
+        ),
+        "max_body": _int(env, "DISPACH_MAX_BODY", 1_000_000),
         "node_id": env.get("DISPACH_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}",
         "log_format": env.get("DISPACH_LOG_FORMAT", "auto"),
         "log_level": env.get("DISPACH_LOG_LEVEL", "info"),
@@ -99,7 +107,14 @@ def validate(settings: Settings) -> None:
             "set DISPACH_API_TOKEN (or bind 127.0.0.1); only loopback may run without a token",
             "DISPACH_API_TOKEN",
         )
-    for token in settings.tokens:
+    for raw in settings.tokens:
+        token, _, scope = raw.partition("@")
+        if "@" in raw and not scope:
+            raise ConfigError(
+                "an API token ends with '@' but names no agents",
+                "write secret@agent1+agent2 to scope a token, or drop the '@'",
+                "DISPACH_API_TOKEN",
+            )
         if len(token) < 16:
             raise ConfigError(
                 "an API token is shorter than 16 characters",

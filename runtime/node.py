@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import nats
 import nats.aio.client
 import nats.errors
@@ -22,8 +23,10 @@ from actors.engine import Engine
 from actors.router import Router
 from eventstore import ASYNC, INLINE, EventStore, NatsHints, ProjectionRunner, RecordedEvent
 from eventstore.errors import DispachError
+from eventstore.feed import Feed
 from gateways import create_app
 from gateways.ingress import Ingress
+from gateways.schemas import AgentDetail, ToolInfo
 from runtime import manifest
 from runtime.config import Settings
 from runtime.embedded import EmbeddedServices
@@ -45,13 +48,18 @@ class Node:
         self._portal: Portal | None = None
         self.agents: dict[str, Agent] = {}
         self.engine: Engine | None = None
+        self.feed: Feed | None = None
+        self._details: dict[str, AgentDetail] = {}
         self._router: Router | None = None
         self._ingress: Ingress | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._phase = "starting"
         self._started = time.monotonic()
 
-    # --- NodeStatus (read by the gateway) ------------------------------------------------------
+    # --- gateways.Runtime (read by the gateway) ------------------------------------------------
+
+    def agent_details(self) -> dict[str, AgentDetail]:
+        return self._details
 
     def uptime_ms(self) -> int:
         return int((time.monotonic() - self._started) * 1000)
@@ -96,9 +104,13 @@ class Node:
         # Commit hints travel on a connection of their own with no_echo: other nodes' hints
         # arrive, this node's own commits wake its readers directly (see _on_commit).
         self._hints_nc = await nats.connect(
-            nats_url, name=f"dispach-{self.node_id}-hints", no_echo=True,
-            max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_nats_error,
-        )  # fmt: skip
+            nats_url,
+            name=f"dispach-{self.node_id}-hints",
+            no_echo=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=_nats_error,
+        )
         self._hints = NatsHints(self._hints_nc, store.hints)
         await self._hints.start()
         applied = await store.aopen()
@@ -106,7 +118,12 @@ class Node:
         for projection in ASYNC:
             runner = ProjectionRunner(store, projection)
             self._tasks.append(asyncio.create_task(runner.run(), name=f"projection-{runner.name}"))
+        feed = Feed(store)
+        self._tasks.append(asyncio.create_task(feed.run(), name="feed"))
+        await feed.ready()
+        self.feed = feed
         self.agents = await asyncio.to_thread(manifest.load_all, self.settings.agents_path)
+        self._details = {a.id: agent_detail(a) for a in self.agents.values()}
         self.engine = Engine(store, self.agents, self._portal, self.actors, self.node_id)
         self._router = Router(self.nc, self.engine)
         await self._router.start()
@@ -200,7 +217,14 @@ async def serve(settings: Settings) -> int:
         # Refuse a data directory another node holds before binding anything.
         node.services.datadir.lock()
     config = uvicorn.Config(
-        create_app(node),
+        create_app(
+            node,
+            tokens=settings.tokens,
+            loopback=settings.loopback,
+            allowed_hosts=settings.allowed_hosts,
+            max_body=settings.max_body,
+        ),
+        ws_max_size=2 * settings.max_body,
         host=settings.host,
         port=settings.port,
         loop="none",
@@ -254,6 +278,29 @@ async def serve(settings: Settings) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     return status
+
+
+def agent_detail(agent: Agent) -> AgentDetail:
+    """How the API shows an agent."""
+    tools = [
+        ToolInfo(
+            slug=name, summary=(spec.description or "").split("\n", 1)[0], mutating=spec.mutating
+        )
+        for name in agent.tools.names
+        if (spec := agent.tools.get(name)) is not None
+    ]
+    return AgentDetail(
+        id=agent.id,
+        name=agent.name,
+        status="loaded",
+        model=agent.model_id,
+        provider=agent.model.label,
+        tools=len(tools),
+        tool_list=tools,
+        concurrency=agent.concurrency,
+        limits=msgspec.to_builtins(agent.limits),
+        max_output_tokens=agent.max_tokens_per_call,
+    )
 
 
 async def _nats_error(e: Exception) -> None:

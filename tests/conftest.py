@@ -9,6 +9,7 @@ each other's events (the log is append-only: nothing could be cleaned up between
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -196,3 +197,77 @@ async def node_factory(servers: Servers, schema: str, tmp_path: Path) -> AsyncIt
     finally:
         for node in reversed(factory.started):
             await node.stop()
+
+
+class ApiServer:
+    """A node behind a real uvicorn server on a free loopback port."""
+
+    def __init__(self, node: Node, server: Any, task: asyncio.Task[Any], token: str | None) -> None:
+        self.node = node
+        self.token = token
+        self._server = server
+        self._task = task
+        sock = server.servers[0].sockets[0]
+        self.port: int = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}/v1/ws"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(self._task, 10)
+
+
+class ApiFactory:
+    """Starts nodes (see NodeFactory) with the HTTP gateway served by uvicorn, as `serve` does."""
+
+    def __init__(self, nodes: NodeFactory) -> None:
+        self.nodes = nodes
+        self.started: list[ApiServer] = []
+
+    def write_agent(self, agent_id: str, manifest: str) -> None:
+        self.nodes.write_agent(agent_id, manifest)
+
+    async def start(self, tokens: Sequence[str] = (), **overrides: Any) -> ApiServer:
+        import uvicorn
+
+        from gateways import create_app
+
+        node = await self.nodes.start(**overrides)
+        config = uvicorn.Config(
+            create_app(node, tokens=tokens, loopback=True,
+                       allowed_hosts=node.settings.allowed_hosts),
+            host="127.0.0.1", port=0, loop="none", lifespan="off", log_config=None,
+            access_log=False, ws_max_size=2_000_000,
+        )  # fmt: skip
+        server = uvicorn.Server(config)
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+        task = asyncio.create_task(server.serve(), name="uvicorn")
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.01)
+        secret = tokens[0].partition("@")[0] if tokens else None
+        api = ApiServer(node, server, task, secret)
+        self.started.append(api)
+        return api
+
+
+@pytest_asyncio.fixture
+async def api_factory(node_factory: NodeFactory) -> AsyncIterator[ApiFactory]:
+    factory = ApiFactory(node_factory)
+    try:
+        yield factory
+    finally:
+        for api in reversed(factory.started):
+            await api.stop()
+
+
+@pytest_asyncio.fixture
+async def api(api_factory: ApiFactory) -> ApiServer:
+    """A node with the default agent (offline scripted model), open on loopback."""
+    return await api_factory.start()

@@ -349,7 +349,7 @@ async def test_ingress_refuses_bad_messages_with_code_message_and_hint(
         b"not json": "invalid_message",
         b'{"text": 5}': "invalid_message",
         b'{"text": "hi", "extra": 1}': "invalid_message",
-        b'{"text": "   "}': "empty_text",
+        b'{"text": "   "}': "message_text_required",
     }
     for body, code in cases.items():
         answer = await node.nc.request("dispach.ingress.assistant", body, timeout=5)

@@ -20,6 +20,14 @@ import structlog
 
 from actors import ids
 from actors.agent import Agent
+from actors.metrics import (
+    MODEL_CALL_SECONDS,
+    STEP_SECONDS,
+    TOOL_CALL_SECONDS,
+    TURNS_ENDED,
+    TURNS_RUNNING,
+    StepClock,
+)
 from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
 from actors.tools import args_hash, execute_calls
 from actors.tools.notes import StoreNotes
@@ -132,17 +140,18 @@ class TurnRunner:
         When the store fails under it (the database went away), the turn is resumed from its
         log a few times with growing pauses, as a restart would, before it is left for the next
         start of the node."""
-        for attempt in range(_STORE_RETRIES):
-            try:
-                return await self._run()
-            except StoreError as e:
-                if isinstance(e, WrongExpectedVersion) or attempt == _STORE_RETRIES - 1:
-                    raise
-                log.warning("turn_store_retry", turn=self.turn_id, error=e.message)
-                await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
-                self._known = None
-                self._staged, self._in_flight, self._unflushed = [], [], []
-                self._in_model_call = False
+        with TURNS_RUNNING.track_inprogress():
+            for attempt in range(_STORE_RETRIES):
+                try:
+                    return await self._run()
+                except StoreError as e:
+                    if isinstance(e, WrongExpectedVersion) or attempt == _STORE_RETRIES - 1:
+                        raise
+                    log.warning("turn_store_retry", turn=self.turn_id, error=e.message)
+                    await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
+                    self._known = None
+                    self._staged, self._in_flight, self._unflushed = [], [], []
+                    self._in_model_call = False
         return None
 
     async def _run(self) -> str | None:
@@ -200,10 +209,12 @@ class TurnRunner:
 
     async def _loop(self, history: list[dict[str, Any]]) -> End:
         limits = self.agent.limits
+        step = StepClock(STEP_SECONDS.labels(agent=self.agent.id))
         while True:
             pending = unanswered_tool_uses(self.state)
             if pending:
                 ended = await self._run_tools(pending)
+                step.done()
                 after = ended or after_tools(self.state, limits)
                 if isinstance(after, End):
                     return after
@@ -214,10 +225,13 @@ class TurnRunner:
                 # between it and turn.end): decide as if it had just arrived.
                 decided = after_model(self.state, reply, self.state.last_finish_reason, limits)
                 if isinstance(decided, End):
+                    step.done()
                     return decided
+            step.start()
             completed = await self._call_model(history)
             decided = after_model(self.state, completed.content, completed.stop_reason, limits)
             if isinstance(decided, End):
+                step.done()
                 return decided
             assert isinstance(decided, RunTools)
 
@@ -244,27 +258,36 @@ class TurnRunner:
         started = time.monotonic()
         last_flush = started
         completed: Completed | None = None
-        async for event in agent.model.stream(request):
-            match event:
-                case TextDelta(text=text):
-                    self._partial.append(text)
-                    self._unflushed.append(text)
-                    now = time.monotonic()
-                    size = sum(len(t) for t in self._unflushed)
-                    if size >= _CHUNK_CHARS or now - last_flush >= _CHUNK_SECONDS:
-                        self._flush_chunks()
-                        last_flush = now
-                case Retrying() as retry:
-                    self._send([ModelRetry(
-                        status=retry.status, attempt=retry.attempt, delay_ms=retry.delay_ms,
-                    )])  # fmt: skip
-                case Completed():
-                    completed = event
-        if completed is None:
-            raise ModelError(
-                "model_stream_incomplete", "the model's stream ended without a final message",
-                "retry the message; if it keeps happening, check the model provider's status",
-            )  # fmt: skip
+        try:
+            async for event in agent.model.stream(request):
+                match event:
+                    case TextDelta(text=text):
+                        self._partial.append(text)
+                        self._unflushed.append(text)
+                        now = time.monotonic()
+                        size = sum(len(t) for t in self._unflushed)
+                        if size >= _CHUNK_CHARS or now - last_flush >= _CHUNK_SECONDS:
+                            self._flush_chunks()
+                            last_flush = now
+                    case Retrying() as retry:
+                        self._send([ModelRetry(
+                            status=retry.status, attempt=retry.attempt, delay_ms=retry.delay_ms,
+                        )])  # fmt: skip
+                    case Completed():
+                        completed = event
+            if completed is None:
+                raise ModelError(
+                    "model_stream_incomplete", "the model's stream ended without a final message",
+                    "retry the message; if it keeps happening, check the model provider's status",
+                )  # fmt: skip
+        except ModelError:
+            # A stop or a timeout (a cancellation) is not the model's failure: not observed.
+            MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="error").observe(
+                time.monotonic() - started
+            )
+            raise
+        latency = time.monotonic() - started
+        MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(latency)
         usage = completed.usage
         text = "".join(b.get("text", "") for b in completed.content if b.get("type") == "text")
         rest = "".join(self._unflushed)
@@ -277,7 +300,7 @@ class TurnRunner:
             prompt_tokens=usage.prompt_tokens,
             prompt_tokens_reported=usage.prompt_tokens,
             finish_reason=completed.stop_reason,
-            latency_ms=int((time.monotonic() - started) * 1000),
+            latency_ms=int(latency * 1000),
             cache_read_tokens=usage.cache_read_tokens,
             cache_write_tokens=usage.cache_write_tokens,
             first_token_ms=completed.first_token_ms,
@@ -328,6 +351,11 @@ class TurnRunner:
                 timeout_for=lambda s: s.timeout_s or self.agent.limits.tool_timeout_s,
                 max_output_chars=self.agent.limits.max_tool_output_chars,
             )
+            for (spec, _, _), o in zip(calls, outcomes, strict=True):
+                outcome = "ok" if o.ok else "error"
+                TOOL_CALL_SECONDS.labels(tool=spec.name, outcome=outcome).observe(
+                    o.latency_ms / 1000
+                )
             # Results need not be durable before the next model call: sent, not awaited.
             self._send([
                 ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
@@ -381,6 +409,7 @@ class TurnRunner:
             duration_ms=duration, text=text, error=end.error,
         ))  # fmt: skip
         await self._append(events)
+        TURNS_ENDED.labels(agent=self.agent.id, reason=end.reason).inc()
 
     def _stage(self, events: Sequence[Event]) -> None:
         """Fold events into the state now and append them with the next append: facts that no

@@ -1,0 +1,50 @@
+"""Idempotent acceptance: a message sent twice with one ``Idempotency-Key`` is one turn.
+
+The key is claimed by the acceptance itself. A keyed turn's id is derived from the agent and the
+key (:func:`actors.ids.keyed_turn_id`), and its ``turn.start`` is appended to a stream that must
+not exist yet; so of two racing acceptances with one key, however many nodes they reach, exactly
+one commits and the other collides on the stream. Whoever collides, or finds the turn already
+there, answers from the stored ``turn.start``: a replay of the first acceptance when the request
+is the same, ``idempotency_key_reused`` when it is not. Keys are remembered as long as the log
+keeps the turn (at least 24 hours, as the API promises; in practice until the turn is archived).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+from actors.messages import Accepted, Refused
+from eventstore.catalogue import Deliver, TurnStart
+
+MAX_KEY = 255
+_ENCODE = msgspec.json.Encoder(order="deterministic")
+
+
+def key_problem(key: str) -> str | None:
+    """Why ``key`` is not a valid ``Idempotency-Key`` (1-255 printable ASCII), or None."""
+    if not 1 <= len(key) <= MAX_KEY:
+        return f"is {len(key)} characters long; use 1 to {MAX_KEY}"
+    if not all(" " <= c <= "~" for c in key):
+        return "has characters outside printable ASCII"
+    return None
+
+
+def request_hash(session_key: str, text: str, deliver: Deliver | None) -> str:
+    """What a replay must repeat: the text, the session and the delivery target."""
+    body = _ENCODE.encode([session_key, text, deliver])
+    return hashlib.sha256(body).hexdigest()
+
+
+def replay(turn_id: str, stored: TurnStart, session_key: str, digest: str) -> Accepted | Refused:
+    """The answer to a keyed request whose turn already exists (``stored`` is its turn.start)."""
+    if stored.request_hash == digest:
+        return Accepted(turn_id=turn_id, session_key=session_key, replayed=True)
+    return Refused(
+        code="idempotency_key_reused",
+        message=f"this Idempotency-Key was already used for turn {turn_id} with another request",
+        hint="send the same text, session and delivery to replay it, or use a new key for a "
+        "new message",
+        field="Idempotency-Key",
+    )

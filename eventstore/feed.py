@@ -1,0 +1,221 @@
+"""One live reader of the log per node, shared by every stream the node serves.
+
+A thousand SSE and WebSocket readers must not mean a thousand tails polling Postgres. The
+:class:`Feed` runs a single :meth:`EventStore.subscribe` and hands each new event to the
+subscriptions whose :class:`Scope` wants it. A subscription that starts in the past (a cursor, or
+a turn from its beginning) first catches up from Postgres with a query narrowed to its scope, then
+switches to the feed without a gap or a repeat:
+
+1. It registers with the feed first, so every event the feed hands out from then on is queued.
+2. It reads the log after its cursor until a short page. Everything the feed handed out before
+   registration was below the reading horizon then, so this read sees it.
+3. It drains the queue, dropping what it already delivered: both sources are in checkpoint order,
+   so "already delivered" is "checkpoint <= last delivered".
+
+Memory stays bounded: a subscription whose reader falls behind by more than its buffer drops its
+queue and catches up from Postgres again, from the last event it delivered. Lossless either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+
+import msgspec
+import structlog
+
+from eventstore.envelope import START, Checkpoint, RecordedEvent
+from eventstore.errors import StoreUnavailable
+from eventstore.store import EventStore
+
+log = structlog.get_logger("dispach.feed")
+
+_PAGE = 500
+CHUNK = "model.chunk"
+
+
+class Scope(msgspec.Struct, frozen=True, kw_only=True):
+    """What a subscription wants: one turn, or an agent (and a session), and some types."""
+
+    turn_id: str | None = None
+    agent_id: str | None = None
+    session_key: str | None = None
+    types: frozenset[str] | None = None
+    agents: frozenset[str] | None = None
+    """The agents the reader may see at all (a scoped token); None means every agent."""
+    chunks: bool = True
+    """Whether ``model.chunk`` events (text deltas) are wanted."""
+
+    def matches(self, event: RecordedEvent) -> bool:
+        if not self.chunks and event.type == CHUNK:
+            return False
+        meta = event.metadata
+        if self.turn_id is not None and meta.turn_id != self.turn_id:
+            return False
+        if self.agent_id is not None and meta.agent_id != self.agent_id:
+            return False
+        if self.agents is not None and meta.agent_id not in self.agents:
+            return False
+        if self.session_key is not None and meta.session_key != self.session_key:
+            return False
+        return self.types is None or event.type in self.types
+
+
+class Subscription:
+    """Events of one scope after a checkpoint, in log order, read with :meth:`read`."""
+
+    def __init__(self, feed: Feed, scope: Scope, after: Checkpoint | None, buffer: int) -> None:
+        self.scope = scope
+        self._feed = feed
+        self._buffer = buffer
+        self._queue: deque[RecordedEvent] = deque()
+        self._wake = asyncio.Event()
+        self._catch_up = after is not None
+        self.last: Checkpoint = after if after is not None else feed.position
+        """The checkpoint of the last event handed to the reader (or where it started)."""
+        self.overflows = 0
+        """How often the reader fell behind by more than ``buffer`` and caught up again."""
+        self.closed = False
+
+    def offer(self, event: RecordedEvent) -> None:
+        """Called by the feed, on the loop, for every event of this scope."""
+        if len(self._queue) >= self._buffer:
+            self._queue.clear()
+            self._catch_up = True
+            self.overflows += 1
+        else:
+            self._queue.append(event)
+        self._wake.set()
+
+    async def read(self, timeout: float) -> list[RecordedEvent]:
+        """The next events, or ``[]`` when none arrived within ``timeout`` seconds."""
+        while True:
+            if self._catch_up:
+                page = await self._read_page()
+                if page is None:  # the store is down: the caller gets to send a heartbeat
+                    await asyncio.sleep(min(timeout, self._feed.store.poll_interval))
+                    return []
+                if len(page) < _PAGE:
+                    self._catch_up = False
+                if page:
+                    self.last = page[-1].checkpoint
+                    matching = [e for e in page if self.scope.matches(e)]
+                    if matching:
+                        return matching
+                continue
+            if self._queue:
+                fresh = [e for e in self._queue if e.checkpoint > self.last]
+                self._queue.clear()
+                if fresh:
+                    self.last = fresh[-1].checkpoint
+                    return fresh
+                continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except TimeoutError:
+                return []
+
+    @property
+    def catching_up(self) -> bool:
+        return self._catch_up
+
+    async def backlog(self, limit: int = 10_000) -> list[RecordedEvent]:
+        """Everything there is to read right now (the catch-up, then what the feed queued),
+        without waiting for new events; at most about ``limit`` events."""
+        out: list[RecordedEvent] = []
+        while self._catch_up and len(out) < limit:
+            got = await self.read(self._feed.store.poll_interval)
+            if not got and self._catch_up:
+                break  # the store is unavailable: the live loop will catch up later
+            out.extend(got)
+        if self._queue and len(out) < limit:
+            out.extend(await self.read(0))
+        return out
+
+    async def _read_page(self) -> list[RecordedEvent] | None:
+        store, scope = self._feed.store, self.scope
+        try:
+            if scope.turn_id is not None:
+                page = await store.aread_turn(scope.turn_id, self.last, _PAGE)
+            else:
+                page = await store.aread_scoped(
+                    self.last,
+                    _PAGE,
+                    agent_id=scope.agent_id,
+                    session_key=scope.session_key,
+                    types=sorted(scope.types) if scope.types is not None else None,
+                )
+        except StoreUnavailable as e:
+            log.warning("catch_up_failed", error=e.message)
+            return None
+        return page  # the queries narrow most of it; read() applies the whole scope
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._feed._remove(self)
+
+
+class Feed:
+    """The node's one tail of the log (see the module docstring)."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.position: Checkpoint = START
+        self._turns: dict[str, set[Subscription]] = {}
+        self._wide: set[Subscription] = set()
+        self._ready = asyncio.Event()
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._wide) + sum(len(s) for s in self._turns.values())
+
+    async def run(self) -> None:
+        """Tail the log from its head, forever (cancel to stop)."""
+        self.position = await self.store.ahead()
+        self._ready.set()
+        async for event in self.store.subscribe(self.position):
+            self.position = event.checkpoint
+            if self._wide:
+                for sub in self._wide:
+                    if sub.scope.matches(event):
+                        sub.offer(event)
+            turn_id = event.metadata.turn_id
+            if turn_id is not None and self._turns:
+                for sub in self._turns.get(turn_id, ()):
+                    if sub.scope.matches(event):
+                        sub.offer(event)
+
+    async def ready(self) -> None:
+        await self._ready.wait()
+
+    @contextlib.asynccontextmanager
+    async def subscribe(
+        self, scope: Scope, after: Checkpoint | None = None, *, buffer: int = 1024
+    ) -> AsyncIterator[Subscription]:
+        """A subscription to ``scope``: from ``after`` (a checkpoint, catching up from Postgres),
+        or live from now when ``after`` is None. Closed when the block exits."""
+        await self._ready.wait()
+        sub = Subscription(self, scope, after, buffer)
+        if scope.turn_id is not None:
+            self._turns.setdefault(scope.turn_id, set()).add(sub)
+        else:
+            self._wide.add(sub)
+        try:
+            yield sub
+        finally:
+            sub.close()
+
+    def _remove(self, sub: Subscription) -> None:
+        turn_id = sub.scope.turn_id
+        if turn_id is None:
+            self._wide.discard(sub)
+            return
+        subs = self._turns.get(turn_id)
+        if subs is not None:
+            subs.discard(sub)
+            if not subs:
+                del self._turns[turn_id]

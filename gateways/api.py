@@ -1,0 +1,511 @@
+"""The REST handlers of API v1: agents, messages, turns, sessions (DESIGN.md 6).
+
+Reads come from the projections (the turn resource, sessions, history) and the log (a turn's
+events); commands go to the session actors over NATS, like any other producer's, so any node can
+answer any request.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import typing
+from datetime import datetime
+from importlib import resources
+from typing import Any, Protocol
+
+import msgspec
+import nats.aio.client
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import Response
+
+from actors.messages import Accepted, Refused, StopResult
+from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
+from eventstore.catalogue import EndReason
+from eventstore.feed import Feed
+from gateways import ingress
+from gateways.auth import EVERYONE, Principal
+from gateways.errors import json_response
+from gateways.schemas import (
+    AcceptedBody,
+    AgentDetail,
+    AgentInfo,
+    ClearedBody,
+    EventsPage,
+    MessageBody,
+    MessagePage,
+    SessionSummary,
+    StopAnswer,
+    StoredMessage,
+    TurnPage,
+    TurnResource,
+)
+
+STATUSES: tuple[str, ...] = ("running", *typing.get_args(EndReason))
+MAX_PAGE = 500
+
+
+class Runtime(Protocol):
+    """What the gateway needs of the node hosting it (runtime/node.py implements it)."""
+
+    node_id: str
+    store: EventStore | None
+    nc: nats.aio.client.Client | None
+    feed: Feed | None
+
+    def uptime_ms(self) -> int: ...
+
+    def readiness(self) -> tuple[bool, str, dict[str, bool]]: ...
+
+    def agent_details(self) -> dict[str, AgentDetail]: ...
+
+
+class ApiError(Exception):
+    """An answer other than success; rendered as the error envelope by the app."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        hint: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.hint = status, code, message, hint
+        self.field, self.headers = field, headers
+
+
+# Refusals from the engine and what HTTP status each one is.
+_STATUS = {
+    "agent_not_found": 404,
+    "turn_not_found": 404,
+    "session_not_found": 404,
+    "session_busy": 409,
+    "idempotency_key_reused": 409,
+    "accept_conflict": 409,
+    "no_node": 503,
+    "session_unavailable": 503,
+    "store_unavailable": 503,
+    "store_overloaded": 503,
+    "store_closed": 503,
+    "accept_timeout": 504,
+    "command_timeout": 504,
+}
+
+
+def refused(r: Refused) -> ApiError:
+    status = _STATUS.get(r.code, 400 if r.field is not None else 503)
+    return ApiError(status, r.code, r.message, r.hint, r.field)
+
+
+@functools.cache
+def sql(name: str) -> bytes:
+    return resources.files("gateways").joinpath("sql", f"{name}.sql").read_bytes()
+
+
+# --- plumbing --------------------------------------------------------------------------------
+
+
+def runtime(request: HTTPConnection) -> Runtime:
+    rt: Runtime = request.app.state.runtime
+    return rt
+
+
+def principal(request: HTTPConnection) -> Principal:
+    p: Principal = getattr(request.state, "principal", EVERYONE)
+    return p
+
+
+def store_of(request: HTTPConnection) -> EventStore:
+    store = runtime(request).store
+    if store is None:
+        raise not_ready()
+    return store
+
+
+def nats_of(request: HTTPConnection) -> nats.aio.client.Client:
+    nc = runtime(request).nc
+    if nc is None:
+        raise not_ready()
+    return nc
+
+
+def not_ready() -> ApiError:
+    return ApiError(
+        503,
+        "not_ready",
+        "the node is not ready yet",
+        "retry shortly; GET /v1/ready says when",
+        headers={"Retry-After": "1"},
+    )
+
+
+def agent(request: Request) -> AgentDetail:
+    """The path's agent, if the caller may see it (else 404, as if it did not exist)."""
+    agent_id = request.path_params["agent"]
+    found = runtime(request).agent_details().get(agent_id)
+    if found is None or not principal(request).sees(agent_id):
+        raise ApiError(
+            404,
+            "agent_not_found",
+            f"no agent {agent_id!r}",
+            "GET /v1/agents lists the agents you can reach",
+            "agent",
+        )
+    return found
+
+
+async def read_body(request: Request, max_bytes: int = 1_000_000) -> bytes:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise ApiError(
+                413,
+                "body_too_large",
+                f"the request body is over {max_bytes} bytes",
+                "send a smaller body",
+            )
+    return bytes(body)
+
+
+def decode_body(raw: bytes, kind: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(raw or b"{}", type=kind)
+    except msgspec.ValidationError as e:
+        text = str(e)
+        field = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
+        raise ApiError(
+            400,
+            "request_body_invalid",
+            f"the body does not fit: {text}",
+            "see GET /v1/openapi.json for the request schema",
+            field,
+        ) from e
+    except msgspec.DecodeError as e:
+        raise ApiError(
+            400,
+            "body_not_json",
+            f"the body is not JSON: {e}",
+            "send a JSON object with Content-Type: application/json",
+        ) from e
+
+
+def int_param(request: Request, name: str, default: int, low: int, high: int, code: str) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise ApiError(
+            400,
+            code,
+            f"{name}={raw!r} is not a number from {low} to {high}",
+            f"pass {name} between {low} and {high}",
+            name,
+        )
+    return value
+
+
+def cursor_param(request: Request, name: str = "after") -> Checkpoint | None:
+    raw = request.query_params.get(name) or request.headers.get("last-event-id")
+    if not raw:
+        return None
+    try:
+        return Checkpoint.from_cursor(raw.strip())
+    except InvalidCursor as e:
+        raise ApiError(
+            400,
+            "cursor_invalid",
+            f"{raw!r} is not a cursor of this server",
+            "pass the `id` of an SSE frame or the `cursor` of an event",
+            name,
+        ) from e
+
+
+async def fetch(
+    request: HTTPConnection, query: str, params: dict[str, object]
+) -> list[tuple[Any, ...]]:
+    try:
+        return await store_of(request).afetch(sql(query), params)
+    except StoreError as e:
+        raise ApiError(503, e.code, e.message, e.hint) from e
+
+
+def turn_resource(row: tuple[Any, ...]) -> TurnResource:
+    # turn.sql and turns.sql select the columns in the order of TurnResource's fields.
+    return TurnResource(**dict(zip(TurnResource.__struct_fields__, row, strict=True)))
+
+
+async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None) -> TurnResource:
+    rows = await fetch(request, "turn", {"turn_id": turn_id})
+    if (
+        not rows
+        or (agent_id is not None and rows[0][1] != agent_id)
+        or not principal(request).sees(rows[0][1])
+    ):
+        raise ApiError(
+            404,
+            "turn_not_found",
+            f"no turn {turn_id!r}" + (f" of agent {agent_id!r}" if agent_id else ""),
+            "check the turnId returned by POST .../messages",
+            "turnId",
+        )
+    return turn_resource(rows[0])
+
+
+# --- handlers --------------------------------------------------------------------------------
+
+
+async def list_agents(request: Request) -> Response:
+    who = principal(request)
+    agents = [
+        AgentInfo(id=a.id, name=a.name, status=a.status, model=a.model, provider=a.provider)
+        for a in runtime(request).agent_details().values()
+        if who.sees(a.id)
+    ]
+    return json_response(agents)
+
+
+async def get_agent(request: Request) -> Response:
+    return json_response(agent(request))
+
+
+async def post_message(request: Request) -> Response:
+    """Accept a message as a turn: ``202`` once its turn.start is committed."""
+    target = agent(request)
+    body: MessageBody = decode_body(await read_body(request), MessageBody)
+    message = ingress.IngressMessage(
+        text=body.text,
+        session_key=body.session_key,
+        source="api",
+        concurrency=body.concurrency,
+        deliver=None if body.deliver in (None, "none") else body.deliver,  # type: ignore[arg-type]
+        idempotency_key=request.headers.get("idempotency-key"),
+        sender=body.sender,
+    )
+    problem = ingress.check(message)
+    if problem is not None:
+        raise refused(problem)
+    result = await ingress.submit(nats_of(request), target.id, message)
+    if isinstance(result, Refused):
+        raise refused(result)
+    return accepted_response(request, target.id, result, body)
+
+
+def accepted_response(
+    request: Request, agent_id: str, result: Accepted, body: MessageBody
+) -> Response:
+    answer = AcceptedBody(
+        turn_id=result.turn_id, session_key=result.session_key, replayed=result.replayed
+    )
+    if body.stream:
+        from gateways.sse import turn_stream_response
+
+        return turn_stream_response(
+            request,
+            agent_id,
+            result.turn_id,
+            after=START,
+            chunks=body.chunks,
+            status=200 if result.replayed else 202,
+            accepted=answer,
+        )
+    return json_response(answer, 200 if result.replayed else 202)
+
+
+async def get_turn(request: Request) -> Response:
+    agent_id = agent(request).id
+    return json_response(await load_turn(request, request.path_params["turn_id"], agent_id))
+
+
+async def get_turn_any(request: Request) -> Response:
+    """``GET /v1/turns/{turnId}``: the turn whatever its agent (an extension of v1)."""
+    return json_response(await load_turn(request, request.path_params["turn_id"], None))
+
+
+async def list_turns(request: Request) -> Response:
+    agent_id = agent(request).id
+    status = request.query_params.get("status")
+    if status is not None and status not in STATUSES:
+        raise ApiError(
+            400,
+            "turns_page_invalid",
+            f"status={status!r} is not a turn status",
+            f"use one of: {', '.join(STATUSES)}",
+            "status",
+        )
+    limit = int_param(request, "limit", 50, 1, MAX_PAGE, "turns_page_invalid")
+    before = request.query_params.get("before")
+    before_at: datetime | None = None
+    if before:
+        rows = await fetch(request, "turn", {"turn_id": before})
+        if not rows or rows[0][1] != agent_id:
+            raise ApiError(
+                400,
+                "turns_page_invalid",
+                f"before={before!r} is not a turn here",
+                "pass the nextBefore of the previous page",
+                "before",
+            )
+        before_at = rows[0][14]
+    rows = await fetch(
+        request,
+        "turns",
+        {
+            "agent_id": agent_id,
+            "session_key": request.query_params.get("sessionKey"),
+            "status": status,
+            "before_at": before_at,
+            "before_id": before,
+            "limit": limit,
+        },
+    )
+    turns = [turn_resource(r) for r in rows]
+    return json_response(
+        TurnPage(turns=turns, next_before=turns[-1].turn_id if len(turns) == limit else None)
+    )
+
+
+async def stop_turn(request: Request) -> Response:
+    agent_id = agent(request).id
+    turn = await load_turn(request, request.path_params["turn_id"], agent_id)
+    if turn.status != "running":
+        raise ApiError(
+            409,
+            "turn_not_running",
+            f"turn {turn.turn_id} already ended ({turn.status})",
+            "nothing to stop; GET the turn for its result",
+        )
+    reply = await ingress.stop(nats_of(request), turn.turn_id, by="api")
+    if reply.error is not None:
+        raise refused(reply.error)
+    result = reply.stop or StopResult(stopping=False, state="unknown")
+    if not result.stopping:
+        raise ApiError(
+            409,
+            "turn_not_running",
+            f"turn {turn.turn_id} is not running ({result.state})",
+            "it may have just ended; GET the turn for its result",
+        )
+    return json_response(StopAnswer(turn_id=turn.turn_id, stopping=True, state=result.state), 202)
+
+
+async def turn_events(request: Request) -> Response:
+    agent_id = agent(request).id
+    turn = await load_turn(request, request.path_params["turn_id"], agent_id)
+    after = cursor_param(request) or START
+    limit = int_param(request, "limit", 1000, 1, 10_000, "events_page_invalid")
+    try:
+        events = await store_of(request).aread_turn(turn.turn_id, after, limit)
+    except StoreError as e:
+        raise ApiError(503, e.code, e.message, e.hint) from e
+    page = [to_wire(e) for e in events]
+    return json_response(EventsPage(events=page, next=page[-1].cursor if page else None))
+
+
+async def list_sessions(request: Request) -> Response:
+    agent_id = agent(request).id
+    limit = int_param(request, "limit", 100, 1, MAX_PAGE, "sessions_page_invalid")
+    rows = await fetch(
+        request, "sessions", {"agent_id": agent_id, "session_key": None, "limit": limit}
+    )
+    return json_response([_session(r) for r in rows])
+
+
+async def get_session(request: Request) -> Response:
+    agent_id = agent(request).id
+    key = request.path_params["key"]
+    rows = await fetch(request, "sessions", {"agent_id": agent_id, "session_key": key, "limit": 1})
+    if not rows:
+        raise ApiError(
+            404,
+            "session_not_found",
+            f"agent {agent_id!r} has no session {key!r}",
+            "GET /v1/agents/{agent}/sessions lists them",
+            "sessionKey",
+        )
+    return json_response(_session(rows[0]))
+
+
+def _session(row: tuple[Any, ...]) -> SessionSummary:
+    agent_id, key, turns, messages, first, last, last_turn, cleared = row
+    return SessionSummary(
+        agent_id=agent_id,
+        session_key=key,
+        turns=turns,
+        messages=messages,
+        created_at=first,
+        updated_at=last,
+        last_activity_at=last,
+        last_turn_id=last_turn,
+        cleared_at=cleared,
+    )
+
+
+async def session_messages(request: Request) -> Response:
+    agent_id = agent(request).id
+    key = request.path_params["key"]
+    limit = int_param(request, "limit", 50, 1, MAX_PAGE, "messages_page_invalid")
+    raw_before = request.query_params.get("before")
+    before = None
+    if raw_before is not None:
+        before = int_param(request, "before", 0, 1, 2**62, "messages_page_invalid")
+    rows = await fetch(
+        request,
+        "messages",
+        {"agent_id": agent_id, "session_key": key, "before": before, "limit": limit},
+    )
+    messages = [stored_message(r) for r in rows]
+    return json_response(
+        MessagePage(
+            messages=messages, next_before=messages[-1].id if len(messages) == limit else None
+        )
+    )
+
+
+def stored_message(row: tuple[Any, ...]) -> StoredMessage:
+    position, key, turn_id, role, content_text, at = row
+    content = json.loads(content_text)
+    common = {"id": position, "session_key": key, "turn_id": turn_id, "created_at": at}
+    if role == "user":
+        return StoredMessage(role="user", content=content.get("text", ""), **common)
+    if role == "tool":
+        body = content.get("content", "")
+        text = body if isinstance(body, str) else json.dumps(body)
+        return StoredMessage(
+            role="tool",
+            content=text,
+            tool_call_id=content.get("tool_use_id"),
+            origin="observation",
+            is_error=bool(content.get("is_error")),
+            **common,
+        )
+    blocks = content if isinstance(content, list) else [content]
+    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    calls = [
+        {"id": b.get("id", ""), "name": b.get("name", "")}
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    return StoredMessage(
+        role="assistant",
+        content=text,
+        tool_calls=calls or None,
+        origin="call" if calls else None,
+        **common,
+    )
+
+
+async def clear_session(request: Request) -> Response:
+    agent_id = agent(request).id
+    key = request.path_params["key"]
+    result = await ingress.clear(nats_of(request), agent_id, key, by="api")
+    if isinstance(result, Refused):
+        raise refused(result)
+    return json_response(ClearedBody(cleared=result.session_key))

@@ -1,0 +1,314 @@
+"""A small Python client for a node's HTTP API: send a message, then follow its turn live.
+
+```python
+from gateways.client import Client
+
+with Client("http://127.0.0.1:7420", token=None) as client:
+    accepted = client.send("assistant", "calculate 6*7")
+    for frame in client.stream_turn("assistant", accepted.turn_id):
+        if frame.event == "model.chunk":
+            print(frame.data["data"]["delta"], end="")
+```
+
+The live stream is the log (DESIGN.md 2.4): every event frame carries its cursor as the SSE
+``id``, so after a dropped connection :meth:`Client.stream_turn` reconnects with
+``Last-Event-ID`` and carries on exactly after the last event it yielded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import httpx2
+import msgspec
+
+__all__ = ["DEFAULT_URL", "Accepted", "Client", "ClientError", "SseFrame", "StreamFrame", "parse"]
+
+DEFAULT_URL = "http://127.0.0.1:7420"
+
+# Waits before reconnection attempts 1..10 (13 s in all). A frame that arrives resets the count,
+# so only a node that stays unreachable this long ends the stream.
+RECONNECT_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0, 2.0, 2.0)
+
+_UNREACHABLE_HINT = (
+    "start a node with `dispach serve`, or point DISPACH_URL (or --url) at a running one"
+)
+
+
+class ClientError(Exception):
+    """A refusal from the node (its error envelope) or a failure to reach it (``status`` None)."""
+
+    def __init__(
+        self, status: int | None, code: str, message: str, hint: str, field: str | None = None
+    ) -> None:
+        super().__init__(f"{code}: {message} (hint: {hint})")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.hint = hint
+        self.field = field
+
+
+class Accepted(msgspec.Struct, frozen=True, rename="camel"):
+    """A durably accepted message; ``replayed`` when an idempotency key matched an earlier one."""
+
+    turn_id: str
+    session_key: str
+    replayed: bool = False
+
+
+class StreamFrame(msgspec.Struct, frozen=True):
+    """One SSE frame of a turn's stream. For an event frame ``id`` is its cursor and ``data`` the
+    public envelope (the event's payload is ``data["data"]``); control frames (``stream.replay``,
+    ``stream.ended``) have no ``id``."""
+
+    event: str
+    id: str | None
+    data: dict[str, Any]
+
+
+class SseFrame(NamedTuple):
+    event: str
+    id: str | None
+    data: str
+
+
+def parse(lines: Iterable[str]) -> Iterator[SseFrame]:
+    """Server-sent event frames from lines without their line ends (the WHATWG rules, except
+    that ``id`` belongs to one frame: control frames have none and must not inherit one)."""
+    event: str | None = None
+    frame_id: str | None = None
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data or event is not None:
+                yield SseFrame(event or "message", frame_id, "\n".join(data))
+            event, frame_id, data = None, None, []
+            continue
+        if line.startswith(":"):
+            continue  # a comment: the server's heartbeat
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
+        elif name == "id" and "\0" not in value:
+            frame_id = value
+        # `retry` and unknown fields are ignored: reconnection is paced by RECONNECT_DELAYS.
+
+
+_JSON = msgspec.json.Decoder(dict[str, Any])
+_JSON_LIST = msgspec.json.Decoder(list[dict[str, Any]])
+
+
+class Client:
+    """A blocking client; one connection pool, closed by :meth:`close` or ``with``.
+
+    ``timeout`` bounds each request; a stream may stay silent for ``stream_idle_timeout``
+    seconds (the node sends heartbeats well within it) before it counts as dropped.
+    """
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        stream_idle_timeout: float = 60.0,
+        reconnect_delays: Sequence[float] = RECONNECT_DELAYS,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"User-Agent": "dispach-client/1", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx2.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        self._stream_timeout = httpx2.Timeout(timeout, read=stream_idle_timeout)
+        self._delays = tuple(reconnect_delays)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def send(
+        self,
+        agent: str,
+        text: str,
+        *,
+        session_key: str | None = None,
+        idempotency_key: str | None = None,
+        deliver: object = None,
+        concurrency: str | None = None,
+    ) -> Accepted:
+        body: dict[str, object] = {"text": text}
+        if session_key is not None:
+            body["sessionKey"] = session_key
+        if deliver is not None:
+            body["deliver"] = deliver
+        if concurrency is not None:
+            body["concurrency"] = concurrency
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        response = self._request("POST", f"/v1/agents/{agent}/messages", json=body, headers=headers)
+        return msgspec.json.decode(response.content, type=Accepted)
+
+    def turn(self, turn_id: str, agent: str | None = None) -> dict[str, Any]:
+        """The turn resource: ``status`` is ``running`` until the end, then the end reason."""
+        path = f"/v1/agents/{agent}/turns/{turn_id}" if agent else f"/v1/turns/{turn_id}"
+        return _JSON.decode(self._request("GET", path).content)
+
+    def events(self, agent: str, turn_id: str, after: str | None = None) -> list[dict[str, Any]]:
+        """Every stored event of the turn after the cursor ``after``, as public envelopes."""
+        found: list[dict[str, Any]] = []
+        cursor = after
+        while True:
+            params = {"after": cursor} if cursor else {}
+            page = _JSON.decode(
+                self._request(
+                    "GET", f"/v1/agents/{agent}/turns/{turn_id}/events", params=params
+                ).content
+            )
+            found.extend(page["events"])
+            cursor = page.get("next")
+            if not cursor or not page["events"]:
+                return found
+
+    def stop(self, agent: str, turn_id: str) -> dict[str, Any]:
+        """Ask a running turn to stop (cooperative: its ``turn.end`` follows on the stream)."""
+        return _JSON.decode(
+            self._request("POST", f"/v1/agents/{agent}/turns/{turn_id}/stop").content
+        )
+
+    def agents(self) -> list[dict[str, Any]]:
+        """The agents this client may reach: ``id``, ``name``, ``status``, ``model``, …"""
+        return _JSON_LIST.decode(self._request("GET", "/v1/agents").content)
+
+    def stream_turn(
+        self, agent: str, turn_id: str, *, after: str | None = None, chunks: bool = True
+    ) -> Iterator[StreamFrame]:
+        """The turn's frames from after the cursor ``after`` (from its start when None) until it
+        ends. A ``stream.replay`` frame opens every connection, reconnections included. A
+        dropped connection, or one closed before ``turn.end``, is reopened after the last event
+        yielded; every event is yielded once. Raises :class:`ClientError` when the node refuses
+        the stream or stays unreachable through every reconnection delay."""
+        last = after
+        seen: set[str] = set()
+        ended = False
+        failures = 0
+        while True:
+            try:
+                for frame in self._connect(agent, turn_id, last, chunks):
+                    if frame.id is not None:
+                        if frame.id in seen:
+                            continue
+                        seen.add(frame.id)
+                        last = frame.id
+                        failures = 0
+                    ended = ended or frame.event == "turn.end"
+                    yield frame
+                    if frame.event == "stream.ended":
+                        return
+                if ended:
+                    return
+                cause = "the node closed the stream before turn.end"
+            except ClientError as e:
+                if e.status is not None and e.status < 500:
+                    raise
+                if ended:
+                    return
+                cause = e.message
+            if failures == len(self._delays):
+                raise ClientError(
+                    None,
+                    "stream_lost",
+                    f"the stream of turn {turn_id} broke and {failures} reconnections failed"
+                    f" (last: {cause})",
+                    f"resume with after={last!r}; {_UNREACHABLE_HINT}",
+                )
+            time.sleep(self._delays[failures])
+            failures += 1
+
+    def _connect(
+        self, agent: str, turn_id: str, after: str | None, chunks: bool
+    ) -> Iterator[StreamFrame]:
+        headers = {"Accept": "text/event-stream"}
+        if after is not None:
+            headers["Last-Event-ID"] = after
+        url = f"/v1/agents/{agent}/turns/{turn_id}/stream"
+        params = {"chunks": "true" if chunks else "false"}
+        try:
+            with self._http.stream(
+                "GET", url, params=params, headers=headers, timeout=self._stream_timeout
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise _refusal(response)
+                for frame in parse(response.iter_lines()):
+                    try:
+                        data = _JSON.decode(frame.data)
+                    except msgspec.DecodeError as e:
+                        raise ClientError(
+                            response.status_code,
+                            "invalid_stream",
+                            f"a {frame.event} frame's data is not a JSON object: {e}",
+                            f"is {self.base_url} a Dispach node?",
+                        ) from e
+                    yield StreamFrame(frame.event, frame.id, data)
+        except httpx2.HTTPError as e:
+            raise _unreachable(self.base_url, e) from e
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: object = None,
+        params: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> httpx2.Response:
+        try:
+            response = self._http.request(method, path, json=json, params=params, headers=headers)
+        except httpx2.HTTPError as e:
+            raise _unreachable(self.base_url, e) from e
+        if response.status_code >= 400:
+            raise _refusal(response)
+        return response
+
+
+def _refusal(response: httpx2.Response) -> ClientError:
+    """The node's error envelope as a ClientError (or the facts, when the body is not one)."""
+    try:
+        error = msgspec.json.decode(response.content)["error"]
+        return ClientError(
+            response.status_code, error["code"], error["message"], error["hint"], error.get("field")
+        )
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return ClientError(
+            response.status_code,
+            "http_error",
+            f"{response.request.method} {response.request.url.path} answered"
+            f" {response.status_code} {response.reason_phrase}: {response.text[:200]!r}",
+            "check that DISPACH_URL (or --url) points at a Dispach node",
+        )
+
+
+def _unreachable(base_url: str, error: httpx2.HTTPError) -> ClientError:
+    if isinstance(error, httpx2.TimeoutException) and not isinstance(error, httpx2.ConnectTimeout):
+        return ClientError(
+            None,
+            "server_timeout",
+            f"{base_url} did not answer in time ({type(error).__name__})",
+            "the node may be overloaded or stuck; check its logs",
+        )
+    return ClientError(
+        None,
+        "server_unreachable",
+        f"cannot reach {base_url} ({type(error).__name__}: {error})",
+        _UNREACHABLE_HINT,
+    )

@@ -1,0 +1,299 @@
+"""``GET /v1/openapi.json``: the OpenAPI 3.1 document, generated from the msgspec types the
+handlers decode and encode (gateways/schemas.py), so it cannot drift from them."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+
+from eventstore import WireEvent
+from gateways.errors import ErrorEnvelope
+from gateways.schemas import (
+    AcceptedBody,
+    AgentDetail,
+    AgentInfo,
+    ClearedBody,
+    EventsPage,
+    Health,
+    MessageBody,
+    MessagePage,
+    Ready,
+    SessionSummary,
+    StopAnswer,
+    TurnPage,
+    TurnResource,
+)
+
+_TYPES: tuple[Any, ...] = (
+    AcceptedBody,
+    AgentDetail,
+    AgentInfo,
+    ClearedBody,
+    EventsPage,
+    Health,
+    MessageBody,
+    MessagePage,
+    Ready,
+    SessionSummary,
+    StopAnswer,
+    TurnPage,
+    TurnResource,
+    WireEvent,
+    ErrorEnvelope,
+    list[AgentInfo],
+    list[SessionSummary],
+)
+_REF = "#/components/schemas/{name}"
+
+_ERRORS = {
+    "400": "The request is malformed (code, message, hint and often field say how)",
+    "401": "A bearer token is required",
+    "403": "The Host header is not one this server answers to",
+    "404": "No such agent, turn or session (or not visible to this token)",
+    "413": "The body is over the size cap",
+    "503": "The node is not ready, or a dependency is down",
+}
+SSE = "text/event-stream"
+
+
+def _ref(kind: type[Any]) -> dict[str, str]:
+    return {"$ref": _REF.format(name=kind.__name__)}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _param(
+    name: str,
+    where: str,
+    description: str,
+    schema: dict[str, Any] | None = None,
+    required: bool | None = None,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "description": description,
+        "required": where == "path" if required is None else required,
+        "schema": schema or {"type": "string", "minLength": 1},
+    }
+
+
+def _op(
+    summary: str,
+    ok: dict[str, dict[str, Any]],
+    *,
+    params: list[dict[str, Any]] | None = None,
+    body: type[Any] | None = None,
+    errors: tuple[str, ...] = ("400", "401", "404"),
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "parameters": params or [], "responses": dict(ok)}
+    if body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(body)}},
+        }
+    for status in errors:
+        op["responses"][status] = _json(_ref(ErrorEnvelope), _ERRORS[status])
+    op["security"] = [{"bearer": []}]
+    return op
+
+
+AGENT = _param("agent", "path", "Agent id")
+TURN = _param("turn_id", "path", "Turn id")
+KEY = _param("key", "path", "Session key (URL-encoded)")
+AFTER = _param(
+    "after", "query", "Resume after this cursor (an event's `cursor`, an SSE `id`)", required=False
+)
+LIMIT = _param(
+    "limit", "query", "Page size", {"type": "integer", "minimum": 1, "maximum": 500}, required=False
+)
+
+
+def _paths() -> dict[str, Any]:
+    stream = {
+        "200": {
+            "description": "SSE: `stream.replay`, then event frames (`id:` is the "
+            "cursor), then `stream.ended` after `turn.end`",
+            "content": {SSE: {"schema": {"type": "string"}}},
+        }
+    }
+    agent = "/v1/agents/{agent}"
+    turn = agent + "/turns/{turn_id}"
+    session = agent + "/sessions/{key}"
+    idem = _param(
+        "Idempotency-Key",
+        "header",
+        "1-255 printable ASCII; a retry with the same key and body replays the first acceptance",
+        {"type": "string", "minLength": 1, "maxLength": 255},
+        required=False,
+    )
+    chunks = _param(
+        "chunks", "query", "Include model.chunk text deltas", {"type": "boolean"}, required=False
+    )
+    types = _param("types", "query", "Comma-separated event types", required=False)
+    return {
+        "/v1/health": {"get": _op("Liveness", {"200": _json(_ref(Health), "Alive")}, errors=())},
+        "/v1/ready": {
+            "get": _op("Readiness", {"200": _json(_ref(Ready), "Ready")}, errors=("503",))
+        },
+        "/v1/agents": {
+            "get": _op(
+                "Agents this token can reach",
+                {"200": _json({"type": "array", "items": _ref(AgentInfo)}, "Agents")},
+                errors=("401",),
+            )
+        },
+        agent: {
+            "get": _op("One agent", {"200": _json(_ref(AgentDetail), "The agent")}, params=[AGENT])
+        },
+        agent + "/messages": {
+            "post": _op(
+                "Send a message: 202 once its turn is durably accepted",
+                {
+                    "202": _json(_ref(AcceptedBody), "Accepted: the turn runs without the caller"),
+                    "200": _json(_ref(AcceptedBody), "Replayed (same Idempotency-Key and body)"),
+                    "409": _json(
+                        _ref(ErrorEnvelope), "Idempotency key reused, or the session is busy"
+                    ),
+                },
+                params=[AGENT, idem],
+                body=MessageBody,
+                errors=("400", "401", "404", "413", "503"),
+            )
+        },
+        agent + "/turns": {
+            "get": _op(
+                "Turns, newest first",
+                {"200": _json(_ref(TurnPage), "A page")},
+                params=[
+                    AGENT,
+                    _param("sessionKey", "query", "Only this session", required=False),
+                    _param("status", "query", "Only this status", required=False),
+                    _param("before", "query", "nextBefore of the previous page", required=False),
+                    LIMIT,
+                ],
+            )
+        },
+        turn: {
+            "get": _op(
+                "The turn resource",
+                {"200": _json(_ref(TurnResource), "The turn")},
+                params=[AGENT, TURN],
+            )
+        },
+        "/v1/turns/{turn_id}": {
+            "get": _op(
+                "The turn resource, by id alone",
+                {"200": _json(_ref(TurnResource), "The turn")},
+                params=[TURN],
+            )
+        },
+        turn + "/stop": {
+            "post": _op(
+                "Stop a running turn (cooperative)",
+                {
+                    "202": _json(_ref(StopAnswer), "Stopping"),
+                    "409": _json(_ref(ErrorEnvelope), "The turn is not running"),
+                },
+                params=[AGENT, TURN],
+            )
+        },
+        turn + "/events": {
+            "get": _op(
+                "Stored events of a turn",
+                {"200": _json(_ref(EventsPage), "Events in log order")},
+                params=[AGENT, TURN, AFTER, LIMIT],
+            )
+        },
+        turn + "/stream": {
+            "get": _op(
+                "Live stream of a turn (SSE), lossless resume",
+                stream,
+                params=[AGENT, TURN, AFTER, chunks, types],
+            )
+        },
+        "/v1/events": {
+            "get": _op(
+                "Firehose (SSE)",
+                {"200": {"description": "SSE", "content": {SSE: {"schema": {"type": "string"}}}}},
+                params=[
+                    _param("agentId", "query", "Only this agent", required=False),
+                    _param("sessionKey", "query", "Only this session", required=False),
+                    types,
+                    AFTER,
+                    chunks,
+                ],
+            )
+        },
+        agent + "/sessions": {
+            "get": _op(
+                "Sessions, most recently active first",
+                {"200": _json({"type": "array", "items": _ref(SessionSummary)}, "Sessions")},
+                params=[AGENT, LIMIT],
+            )
+        },
+        session: {
+            "get": _op(
+                "One session",
+                {"200": _json(_ref(SessionSummary), "The session")},
+                params=[AGENT, KEY],
+            ),
+            "delete": _op(
+                "Clear the session's history (appends session.cleared)",
+                {
+                    "200": _json(_ref(ClearedBody), "Cleared"),
+                    "409": _json(_ref(ErrorEnvelope), "A turn is running"),
+                },
+                params=[AGENT, KEY],
+            ),
+        },
+        session + "/messages": {
+            "get": _op(
+                "History, newest first",
+                {"200": _json(_ref(MessagePage), "A page")},
+                params=[
+                    AGENT,
+                    KEY,
+                    _param(
+                        "before",
+                        "query",
+                        "nextBefore of the previous page",
+                        {"type": "integer", "minimum": 1},
+                        required=False,
+                    ),
+                    LIMIT,
+                ],
+            ),
+            "delete": _op(
+                "Clear the session's history",
+                {
+                    "200": _json(_ref(ClearedBody), "Cleared"),
+                    "409": _json(_ref(ErrorEnvelope), "A turn is running"),
+                },
+                params=[AGENT, KEY],
+            ),
+        },
+    }
+
+
+@functools.cache
+def document() -> bytes:
+    _, components = msgspec.json.schema_components(_TYPES, ref_template=_REF)
+    doc = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Dispach API",
+            "version": "1",
+            "description": "Agent runtime API v1 (wire-compatible with Dispach v1).",
+        },
+        "paths": _paths(),
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+    return msgspec.json.encode(doc)

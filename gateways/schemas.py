@@ -1,0 +1,175 @@
+"""The request and response bodies of the HTTP API, as msgspec types.
+
+Handlers decode and encode with these, and ``/v1/openapi.json`` is generated from the same types,
+so the document cannot drift from the code. Field names are camelCase on the wire (Dispach v1's).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+
+from eventstore import WireEvent
+from eventstore.catalogue import Deliver, Sender
+
+Policy = Literal["queue", "reject", "interrupt"]
+
+
+class _Body(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    pass
+
+
+class MessageBody(_Body, frozen=True):
+    """``POST /v1/agents/{agent}/messages``. Unknown fields are ignored (v1 clients may send
+    newer ones)."""
+
+    text: str
+    session_key: str = "api:default"
+    deliver: Deliver | Literal["none"] | None = None
+    concurrency: Policy | None = None
+    stream: bool = False
+    """Answer ``202`` with the turn's SSE stream as the body (Dispach v1)."""
+    chunks: bool = False
+    """With ``stream``: include ``model.chunk`` text deltas."""
+    sender: Sender | None = msgspec.field(default=None, name="from")
+
+
+class AcceptedBody(_Body, frozen=True):
+    turn_id: str
+    session_key: str
+    replayed: bool = False
+    """Present (true) when an Idempotency-Key named a turn accepted before; nothing new runs."""
+
+
+class TurnResource(_Body, frozen=True):
+    """The stored turn: ``status`` is ``running`` until the end, then the end reason."""
+
+    turn_id: str
+    agent_id: str
+    session_key: str
+    status: str
+    state: str
+    source: str
+    input: str
+    text: str
+    steps: int
+    attempt: int
+    prompt_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    started_at: datetime
+    error_code: str | None = None
+    error_message: str | None = None
+    error_hint: str | None = None
+    ended_at: datetime | None = None
+    duration_ms: int | None = None
+
+
+class TurnPage(_Body, frozen=True):
+    turns: list[TurnResource]
+    next_before: str | None = None
+    """Pass as ``before`` for the next (older) page."""
+
+
+class EventsPage(_Body, frozen=True):
+    events: list[WireEvent]
+    next: str | None = None
+    """The cursor of the last event: pass as ``after`` to read on."""
+
+
+class StopAnswer(_Body, frozen=True):
+    turn_id: str
+    stopping: bool
+    state: str
+    """``stopping`` (it was running), ``stopped`` (it was queued)."""
+
+
+class ToolInfo(_Body, frozen=True):
+    slug: str
+    summary: str
+    mutating: bool
+
+
+class AgentInfo(_Body, frozen=True):
+    """An agent as the API shows it (``GET /v1/agents`` lists these without ``detail``)."""
+
+    id: str
+    name: str
+    status: str
+    model: str
+    provider: str
+    channels: list[str] = msgspec.field(default_factory=list)
+    phase: str | None = None
+
+
+class AgentDetail(_Body, frozen=True):
+    id: str
+    name: str
+    status: str
+    model: str
+    provider: str
+    tools: int
+    tool_list: list[ToolInfo]
+    concurrency: Policy
+    limits: dict[str, Any]
+    max_output_tokens: int
+    skills: int = 0
+    schedules: int = 0
+    channels: list[str] = msgspec.field(default_factory=list)
+    warnings: list[str] = msgspec.field(default_factory=list)
+    phase: str | None = None
+
+
+class SessionSummary(_Body, frozen=True):
+    agent_id: str
+    session_key: str
+    turns: int
+    messages: int
+    created_at: datetime
+    updated_at: datetime
+    last_activity_at: datetime
+    last_turn_id: str | None = None
+    cleared_at: datetime | None = None
+
+
+class StoredMessage(_Body, frozen=True):
+    """One history row. ``id`` is its log position: the only total order."""
+
+    id: int
+    session_key: str
+    turn_id: str
+    role: Literal["user", "assistant", "tool"]
+    content: str
+    created_at: datetime | None = None
+    tool_calls: list[dict[str, str]] | None = None
+    """The tools the model asked for (``{id, name}``; arguments stay in the log)."""
+    tool_call_id: str | None = None
+    origin: Literal["observation", "call"] | None = None
+    is_error: bool = False
+
+
+class MessagePage(_Body, frozen=True):
+    messages: list[StoredMessage]
+    """Newest first."""
+    next_before: int | None = None
+
+
+class ClearedBody(_Body, frozen=True):
+    cleared: str
+
+
+class Health(_Body, frozen=True):
+    status: str
+    version: str
+    node_id: str
+    uptime_ms: int
+    agents: int
+
+
+class Ready(_Body, frozen=True):
+    ready: bool
+    phase: str
+    checks: dict[str, bool]

@@ -1,0 +1,373 @@
+"""The WebSocket gateway ``/v1/ws``: send messages, watch turns, sessions or agents from a cursor,
+stop turns, on one socket (DESIGN.md 6).
+
+Client frames (JSON objects with ``type``): ``message``, ``subscribe``, ``unsubscribe``, ``stop``,
+``approve``, ``ping``. Server frames: ``ws.open``, ``ws.accepted``, ``ws.subscribed``,
+``stream.replay``, event envelopes (with ``sub``, the subscription they belong to),
+``stream.live``, ``stream.ended``, ``ws.unsubscribed``, ``ws.stopping``, ``ws.error``, ``pong``.
+
+Memory per socket is bounded: subscriptions catch up from the log instead of buffering, and the
+frames waiting for a slow socket are capped; past the cap the socket is closed with
+:data:`SLOW_CONSUMER` and the client resumes each subscription from its last cursor. Closing a
+socket never stops a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from typing import Any, Literal
+
+import msgspec
+import structlog
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from actors.messages import Refused
+from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
+from eventstore.catalogue import Deliver, TurnEnd
+from eventstore.feed import Scope
+from gateways import ingress, metrics
+from gateways.api import ApiError, load_turn, nats_of, principal, runtime
+from gateways.auth import SUBPROTOCOL
+from gateways.sse import feed_of
+
+log = structlog.get_logger("dispach.ws")
+
+SLOW_CONSUMER = 4008
+"""Close code: the socket did not read its frames fast enough; resume from your cursors."""
+MAX_PENDING = 1024
+"""Frames that may wait for one socket before it counts as a slow consumer."""
+MAX_SUBSCRIPTIONS = 64
+HEARTBEAT_S = 15.0
+
+
+class _Frame(msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="type"):
+    pass
+
+
+class MessageFrame(_Frame, tag="message", frozen=True):
+    text: str
+    agent_id: str | None = None
+    session_key: str = ingress.DEFAULT_SESSION
+    idempotency_key: str | None = None
+    concurrency: Literal["queue", "reject", "interrupt"] | None = None
+    deliver: Deliver | None = None
+    ref: str | None = None
+
+
+class SubscribeFrame(_Frame, tag="subscribe", frozen=True):
+    turn_id: str | None = None
+    agent_id: str | None = None
+    session_key: str | None = None
+    after: str | None = None
+    chunks: bool = False
+    sub: str | None = None
+
+
+class UnsubscribeFrame(_Frame, tag="unsubscribe", frozen=True):
+    sub: str
+
+
+class StopFrame(_Frame, tag="stop", frozen=True):
+    turn_id: str
+
+
+class ApproveFrame(_Frame, tag="approve", frozen=True):
+    approval_id: str
+    granted: bool
+
+
+class PingFrame(_Frame, tag="ping", frozen=True):
+    ref: str | None = None
+
+
+ClientFrame = (
+    MessageFrame | SubscribeFrame | UnsubscribeFrame | StopFrame | ApproveFrame | PingFrame
+)
+_DECODE = msgspec.json.Decoder(ClientFrame)
+_ENCODE = msgspec.json.Encoder()
+
+
+class SlowConsumer(Exception):
+    pass
+
+
+class Socket:
+    """One connected client: its outgoing queue and its subscriptions."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+        self.outbox: asyncio.Queue[bytes] = asyncio.Queue(MAX_PENDING)
+        self.subs: dict[str, asyncio.Task[None]] = {}
+        self._ids = itertools.count(1)
+        self.default_agent = ws.query_params.get("agentId") or None
+
+    def send(self, kind: str, **data: Any) -> None:
+        self.push(_ENCODE.encode({"type": kind, **data}))
+
+    def push(self, frame: bytes) -> None:
+        try:
+            self.outbox.put_nowait(frame)
+        except asyncio.QueueFull:
+            raise SlowConsumer from None
+
+    def error(self, code: str, message: str, hint: str, **extra: Any) -> None:
+        self.send("ws.error", code=code, message=message, hint=hint, **extra)
+
+    async def writer(self) -> None:
+        while True:
+            frame = await self.outbox.get()
+            await self.ws.send_text(frame.decode())
+
+    # --- frames --------------------------------------------------------------------------------
+
+    async def handle(self, raw: str) -> None:
+        try:
+            frame = _DECODE.decode(raw)
+        except msgspec.ValidationError as e:
+            code = "unknown_frame_type" if "type" in str(e) else "frame_invalid"
+            self.error(
+                code,
+                f"the frame does not fit: {e}",
+                "frame types: message, subscribe, unsubscribe, stop, approve, ping",
+            )
+            return
+        except msgspec.DecodeError:
+            self.error("frame_not_json", "the frame is not JSON", "send one JSON object per frame")
+            return
+        match frame:
+            case PingFrame(ref=ref):
+                self.send("pong", ref=ref)
+            case MessageFrame():
+                await self._message(frame)
+            case SubscribeFrame():
+                await self._subscribe(frame)
+            case UnsubscribeFrame(sub=sub):
+                task = self.subs.pop(sub, None)
+                if task is None:
+                    self.error(
+                        "subscription_not_found",
+                        f"no subscription {sub!r}",
+                        "use the `sub` of a ws.subscribed frame",
+                        sub=sub,
+                    )
+                    return
+                task.cancel()
+                self.send("ws.unsubscribed", sub=sub)
+            case StopFrame(turn_id=turn_id):
+                await self._stop(turn_id)
+            case ApproveFrame(approval_id=approval_id):
+                self.error(
+                    "approval_not_found",
+                    f"no pending approval {approval_id!r}",
+                    "this node has no tool approvals pending",
+                )
+
+    async def _message(self, frame: MessageFrame) -> None:
+        agent_id = frame.agent_id or self.default_agent
+        if agent_id is None:
+            self.error(
+                "agent_id_required",
+                "the message names no agent",
+                "send agentId in the frame (or ?agentId= on the socket URL)",
+                ref=frame.ref,
+            )
+            return
+        if not self._sees(agent_id):
+            self._no_agent(agent_id, frame.ref)
+            return
+        message = ingress.IngressMessage(
+            text=frame.text,
+            session_key=frame.session_key,
+            source="ws",
+            concurrency=frame.concurrency,
+            deliver=frame.deliver,
+            idempotency_key=frame.idempotency_key,
+        )
+        result = ingress.check(message) or await ingress.submit(nats_of(self.ws), agent_id, message)
+        if isinstance(result, Refused):
+            self.error(result.code, result.message, result.hint, ref=frame.ref)
+            return
+        extra = {"replayed": True} if result.replayed else {}
+        self.send(
+            "ws.accepted",
+            ref=frame.ref,
+            turnId=result.turn_id,
+            sessionKey=result.session_key,
+            **extra,
+        )
+
+    async def _subscribe(self, frame: SubscribeFrame) -> None:
+        sub_id = frame.sub or f"s{next(self._ids)}"
+        if sub_id in self.subs:
+            self.error(
+                "subscription_exists",
+                f"subscription {sub_id!r} exists",
+                "unsubscribe first, or pick another `sub`",
+                sub=sub_id,
+            )
+            return
+        if len(self.subs) >= MAX_SUBSCRIPTIONS:
+            self.error(
+                "too_many_subscriptions",
+                f"a socket may hold {MAX_SUBSCRIPTIONS}",
+                "unsubscribe from what you no longer watch",
+                sub=sub_id,
+            )
+            return
+        try:
+            after = Checkpoint.from_cursor(frame.after) if frame.after else None
+        except InvalidCursor:
+            self.error(
+                "cursor_invalid",
+                f"{frame.after!r} is not a cursor of this server",
+                "pass the `cursor` of an event you received",
+                sub=sub_id,
+            )
+            return
+        if frame.turn_id is not None:
+            try:
+                turn = await load_turn(self.ws, frame.turn_id, None)
+            except ApiError as e:
+                self.error(e.code, e.message, e.hint, sub=sub_id)
+                return
+            scope = Scope(turn_id=turn.turn_id, agent_id=turn.agent_id, chunks=frame.chunks)
+            after = after or Checkpoint()
+        elif frame.agent_id is not None:
+            if not self._sees(frame.agent_id):
+                self._no_agent(frame.agent_id, None, sub=sub_id)
+                return
+            scope = Scope(
+                agent_id=frame.agent_id, session_key=frame.session_key, chunks=frame.chunks
+            )
+        else:
+            self.error(
+                "subscribe_needs_target",
+                "subscribe names neither a turn nor an agent",
+                "send turnId, or agentId (and sessionKey)",
+                sub=sub_id,
+            )
+            return
+        self.send(
+            "ws.subscribed",
+            sub=sub_id,
+            turnId=frame.turn_id,
+            agentId=scope.agent_id,
+            sessionKey=scope.session_key,
+        )
+        task = asyncio.create_task(self._pump(sub_id, scope, after), name=f"ws-{sub_id}")
+        self.subs[sub_id] = task
+
+    async def _pump(self, sub_id: str, scope: Scope, after: Checkpoint | None) -> None:
+        feed = feed_of(self.ws)
+        prefix = b'{"sub":' + _ENCODE.encode(sub_id) + b","
+        async with feed.subscribe(scope, after) as sub:
+            backlog = await sub.backlog()
+            self.send(
+                "stream.replay",
+                sub=sub_id,
+                events=len(backlog),
+                **{"from": after.cursor() if after else None},
+                to=backlog[-1].checkpoint.cursor() if backlog else None,
+            )
+            if self._forward(prefix, sub_id, backlog):
+                return
+            self.send("stream.live", sub=sub_id)
+            while True:
+                if self._forward(prefix, sub_id, await sub.read(HEARTBEAT_S)):
+                    return
+
+    def _forward(self, prefix: bytes, sub_id: str, events: list[RecordedEvent]) -> bool:
+        """Queue the events' frames; True when a turn subscription saw its turn end."""
+        for event in events:
+            self.push(prefix + encode_wire(event)[1:])
+            if isinstance(event.data, TurnEnd):
+                self.send(
+                    "stream.ended",
+                    sub=sub_id,
+                    turnId=event.metadata.turn_id,
+                    status=event.data.reason,
+                    steps=event.data.steps,
+                )
+                self.subs.pop(sub_id, None)
+                return True
+        return False
+
+    async def _stop(self, turn_id: str) -> None:
+        try:
+            turn = await load_turn(self.ws, turn_id, None)
+        except ApiError as e:
+            self.error(e.code, e.message, e.hint, turnId=turn_id)
+            return
+        found = False
+        if turn.status == "running":
+            reply = await ingress.stop(nats_of(self.ws), turn_id, by="ws")
+            found = reply.stop is not None and reply.stop.stopping
+        self.send("ws.stopping", turnId=turn_id, found=found)
+
+    def _sees(self, agent_id: str) -> bool:
+        return agent_id in runtime(self.ws).agent_details() and principal(self.ws).sees(agent_id)
+
+    def _no_agent(self, agent_id: str, ref: str | None, **extra: Any) -> None:
+        self.error(
+            "agent_not_found",
+            f"no agent {agent_id!r}",
+            "GET /v1/agents lists the agents you can reach",
+            ref=ref,
+            **extra,
+        )
+
+
+async def websocket_endpoint(ws: WebSocket) -> None:
+    offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",")]
+    await ws.accept(subprotocol=SUBPROTOCOL if offered and offered[0] == SUBPROTOCOL else None)
+    sock = Socket(ws)
+    writer = asyncio.create_task(sock.writer(), name="ws-writer")
+    with metrics.STREAM_SUBSCRIBERS.labels("ws").track_inprogress():
+        try:
+            sock.send("ws.open", agentId=sock.default_agent, node=runtime(ws).node_id)
+            reader = asyncio.create_task(_read(ws, sock), name="ws-reader")
+            done, _ = await asyncio.wait(
+                {reader, writer, *sock.subs.values()}, return_when=asyncio.FIRST_COMPLETED
+            )
+            while not done & {reader, writer}:
+                # a subscription finished (its turn ended) or failed: keep the socket going
+                for task in done:
+                    _raise_slow(task)
+                done, _ = await asyncio.wait(
+                    {reader, writer, *sock.subs.values()}, return_when=asyncio.FIRST_COMPLETED
+                )
+            for task in done:
+                _raise_slow(task)
+        except SlowConsumer:
+            log.info("ws_slow_consumer", pending=sock.outbox.qsize())
+            with contextlib.suppress(Exception):
+                await ws.close(SLOW_CONSUMER, "slow_consumer: reconnect and resume from cursors")
+        finally:
+            for task in [writer, *sock.subs.values()]:
+                task.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(writer, *sock.subs.values(), return_exceptions=True)
+
+
+def _raise_slow(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if isinstance(error, SlowConsumer):
+        raise error
+    if error is not None and not isinstance(error, WebSocketDisconnect):
+        log.warning("ws_task_failed", task=task.get_name(), error=repr(error))
+
+
+async def _read(ws: WebSocket, sock: Socket) -> None:
+    while True:
+        try:
+            raw = await ws.receive_text()
+        except WebSocketDisconnect:
+            return
+        except KeyError:  # a binary frame
+            sock.error("frame_not_json", "binary frames are not understood", "send JSON text")
+            continue
+        await sock.handle(raw)
