@@ -160,34 +160,39 @@ class Subscription:
 
 
 class Feed:
-    """The node's one tail of the log (see the module docstring)."""
+    """The node's one tail of the log (see the module docstring).
 
-    def __init__(self, store: EventStore) -> None:
+    The tail runs only while someone subscribes (plus a short grace), so a node nobody streams
+    from pays nothing for it; a subscription that arrives while it is idle starts it from the head
+    of the log at that moment.
+    """
+
+    def __init__(self, store: EventStore, *, grace: float = 5.0) -> None:
         self.store = store
+        self.grace = grace
         self.position: Checkpoint = START
         self._turns: dict[str, set[Subscription]] = {}
         self._wide: set[Subscription] = set()
         self._ready = asyncio.Event()
+        self._tail: asyncio.Task[None] | None = None
+        self._starting = asyncio.Lock()
+        self._idle: asyncio.TimerHandle | None = None
 
     @property
     def subscribers(self) -> int:
         return len(self._wide) + sum(len(s) for s in self._turns.values())
 
+    @property
+    def tailing(self) -> bool:
+        return self._tail is not None and not self._tail.done()
+
     async def run(self) -> None:
-        """Tail the log from its head, forever (cancel to stop)."""
-        self.position = await self.store.ahead()
+        """Own the tail until cancelled (the node runs this as a task)."""
         self._ready.set()
-        async for event in self.store.subscribe(self.position):
-            self.position = event.checkpoint
-            if self._wide:
-                for sub in self._wide:
-                    if sub.scope.matches(event):
-                        sub.offer(event)
-            turn_id = event.metadata.turn_id
-            if turn_id is not None and self._turns:
-                for sub in self._turns.get(turn_id, ()):
-                    if sub.scope.matches(event):
-                        sub.offer(event)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await self._stop_tail()
 
     async def ready(self) -> None:
         await self._ready.wait()
@@ -199,6 +204,7 @@ class Feed:
         """A subscription to ``scope``: from ``after`` (a checkpoint, catching up from Postgres),
         or live from now when ``after`` is None. Closed when the block exits."""
         await self._ready.wait()
+        await self._ensure_tail()
         sub = Subscription(self, scope, after, buffer)
         if scope.turn_id is not None:
             self._turns.setdefault(scope.turn_id, set()).add(sub)
@@ -209,13 +215,67 @@ class Feed:
         finally:
             sub.close()
 
+    async def _ensure_tail(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        async with self._starting:
+            if self.tailing:
+                return
+            # Live-only subscriptions start at this position: nothing committed after this read
+            # can be missed, because the tail reads everything after it.
+            self.position = await self.store.ahead()
+            self._tail = asyncio.create_task(self._follow(self.position), name="feed-tail")
+            self._tail.add_done_callback(_report)
+
+    async def _follow(self, start: Checkpoint) -> None:
+        async for event in self.store.subscribe(start):
+            self.position = event.checkpoint
+            if self._wide:
+                for sub in self._wide:
+                    if sub.scope.matches(event):
+                        sub.offer(event)
+            turn_id = event.metadata.turn_id
+            if turn_id is not None and self._turns:
+                for sub in self._turns.get(turn_id, ()):
+                    if sub.scope.matches(event):
+                        sub.offer(event)
+
+    def _maybe_idle(self) -> None:
+        if self.subscribers == 0 and self._idle is None and self.tailing:
+            loop = asyncio.get_running_loop()
+            self._idle = loop.call_later(self.grace, self._stop_if_idle)
+
+    def _stop_if_idle(self) -> None:
+        self._idle = None
+        if self.subscribers == 0 and self._tail is not None:
+            self._tail.cancel()
+            self._tail = None
+
+    async def _stop_tail(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            tail.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tail
+
     def _remove(self, sub: Subscription) -> None:
         turn_id = sub.scope.turn_id
         if turn_id is None:
             self._wide.discard(sub)
+            self._maybe_idle()
             return
         subs = self._turns.get(turn_id)
         if subs is not None:
             subs.discard(sub)
             if not subs:
                 del self._turns[turn_id]
+        self._maybe_idle()
+
+
+def _report(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("feed_tail_failed", exc_info=task.exception())

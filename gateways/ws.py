@@ -102,14 +102,18 @@ class Socket:
         self.subs: dict[str, asyncio.Task[None]] = {}
         self._ids = itertools.count(1)
         self.default_agent = ws.query_params.get("agentId") or None
+        self.overflowed = asyncio.Event()
 
     def send(self, kind: str, **data: Any) -> None:
         self.push(_ENCODE.encode({"type": kind, **data}))
 
     def push(self, frame: bytes) -> None:
+        if self.overflowed.is_set():
+            raise SlowConsumer
         try:
             self.outbox.put_nowait(frame)
         except asyncio.QueueFull:
+            self.overflowed.set()
             raise SlowConsumer from None
 
     def error(self, code: str, message: str, hint: str, **extra: Any) -> None:
@@ -257,6 +261,7 @@ class Socket:
             sessionKey=scope.session_key,
         )
         task = asyncio.create_task(self._pump(sub_id, scope, after), name=f"ws-{sub_id}")
+        task.add_done_callback(_log_failure)
         self.subs[sub_id] = task
 
     async def _pump(self, sub_id: str, scope: Scope, after: Checkpoint | None) -> None:
@@ -324,40 +329,32 @@ async def websocket_endpoint(ws: WebSocket) -> None:
     await ws.accept(subprotocol=SUBPROTOCOL if offered and offered[0] == SUBPROTOCOL else None)
     sock = Socket(ws)
     writer = asyncio.create_task(sock.writer(), name="ws-writer")
+    overflow = asyncio.create_task(sock.overflowed.wait(), name="ws-overflow")
+    reader: asyncio.Task[None] | None = None
     with metrics.STREAM_SUBSCRIBERS.labels("ws").track_inprogress():
         try:
             sock.send("ws.open", agentId=sock.default_agent, node=runtime(ws).node_id)
             reader = asyncio.create_task(_read(ws, sock), name="ws-reader")
-            done, _ = await asyncio.wait(
-                {reader, writer, *sock.subs.values()}, return_when=asyncio.FIRST_COMPLETED
-            )
-            while not done & {reader, writer}:
-                # a subscription finished (its turn ended) or failed: keep the socket going
-                for task in done:
-                    _raise_slow(task)
-                done, _ = await asyncio.wait(
-                    {reader, writer, *sock.subs.values()}, return_when=asyncio.FIRST_COMPLETED
-                )
-            for task in done:
-                _raise_slow(task)
-        except SlowConsumer:
-            log.info("ws_slow_consumer", pending=sock.outbox.qsize())
-            with contextlib.suppress(Exception):
-                await ws.close(SLOW_CONSUMER, "slow_consumer: reconnect and resume from cursors")
+            reader.add_done_callback(_log_failure)
+            await asyncio.wait({reader, writer, overflow}, return_when=asyncio.FIRST_COMPLETED)
+            if sock.overflowed.is_set():
+                log.info("ws_slow_consumer", pending=sock.outbox.qsize())
+                with contextlib.suppress(Exception):
+                    await ws.close(
+                        SLOW_CONSUMER, "slow_consumer: reconnect and resume from cursors"
+                    )
         finally:
-            for task in [writer, *sock.subs.values()]:
+            tasks = [t for t in (reader, writer, overflow, *sock.subs.values()) if t is not None]
+            for task in tasks:
                 task.cancel()
-            with contextlib.suppress(Exception):
-                await asyncio.gather(writer, *sock.subs.values(), return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _raise_slow(task: asyncio.Task[None]) -> None:
+def _log_failure(task: asyncio.Task[None]) -> None:
     if task.cancelled():
         return
     error = task.exception()
-    if isinstance(error, SlowConsumer):
-        raise error
-    if error is not None and not isinstance(error, WebSocketDisconnect):
+    if error is not None and not isinstance(error, SlowConsumer | WebSocketDisconnect):
         log.warning("ws_task_failed", task=task.get_name(), error=repr(error))
 
 
@@ -370,4 +367,7 @@ async def _read(ws: WebSocket, sock: Socket) -> None:
         except KeyError:  # a binary frame
             sock.error("frame_not_json", "binary frames are not understood", "send JSON text")
             continue
-        await sock.handle(raw)
+        try:
+            await sock.handle(raw)
+        except ApiError as e:  # e.g. the node is not ready: the socket stays usable
+            sock.error(e.code, e.message, e.hint)
