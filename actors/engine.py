@@ -78,23 +78,10 @@ class Engine:
                 field="agentId",
             )
         if submit.idempotency_key is not None:
-            problem = idempotency.key_problem(submit.idempotency_key)
-            if problem is not None:
-                return Refused(code="idempotency_key_invalid",
-                               message=f"the Idempotency-Key {problem}",
-                               hint="send 1-255 printable ASCII characters, e.g. a UUID",
-                               field="Idempotency-Key")  # fmt: skip
-            submit = msgspec.structs.replace(
-                submit,
-                turn_id=ids.keyed_turn_id(submit.agent_id, submit.idempotency_key),
-                request_hash=idempotency.request_hash(
-                    submit.session_key, submit.text, submit.deliver
-                ),
-            )
-            assert submit.turn_id is not None and submit.request_hash is not None
-            earlier = await self._replay(submit.turn_id, submit.request_hash)
-            if earlier is not None:
-                return earlier
+            keyed = await self._keyed(submit, submit.idempotency_key)
+            if not isinstance(keyed, Submit):
+                return keyed
+            submit = keyed
         for _ in range(2):  # once more if the session was passivated under our feet
             ref = self.session(submit.agent_id, submit.session_key)
             try:
@@ -110,20 +97,42 @@ class Engine:
                     return Refused(code=e.code, message=e.message, hint=e.hint)
                 result = Accepting(result.accepted, result.committed, duplicate=True)
             except StoreError as e:
-                return Refused(code=e.code, message=f"the message was not accepted: {e.message}",
-                               hint=e.hint)  # fmt: skip
+                return _not_accepted(e)
             if result.duplicate:
                 # Another acceptance with the same key won the race: answer from its turn.start.
-                assert submit.request_hash is not None
-                earlier = await self._replay(result.accepted.turn_id, submit.request_hash)
-                if earlier is not None:
-                    return earlier
-                return Refused(code="accept_conflict",
-                               message="a turn with this Idempotency-Key is being accepted",
-                               hint="retry with the same key shortly")  # fmt: skip
+                return await self._answer_duplicate(result.accepted.turn_id, submit)
             return result.accepted
         return Refused(code="session_unavailable", message="the session could not be activated",
                        hint="retry the message")  # fmt: skip
+
+    async def _keyed(self, submit: Submit, key: str) -> Submit | Accepted | Refused:
+        """A keyed message with its derived turn id, or the answer if that turn exists."""
+        problem = idempotency.key_problem(key)
+        if problem is not None:
+            return Refused(code="idempotency_key_invalid", message=f"the Idempotency-Key {problem}",
+                           hint="send 1-255 printable ASCII characters, e.g. a UUID",
+                           field="Idempotency-Key")  # fmt: skip
+        turn_id = ids.keyed_turn_id(submit.agent_id, key)
+        digest = idempotency.request_hash(submit.session_key, submit.text, submit.deliver)
+        try:
+            earlier = await self._replay(turn_id, digest)
+        except StoreError as e:
+            return _not_accepted(e)
+        if earlier is not None:
+            return earlier
+        return msgspec.structs.replace(submit, turn_id=turn_id, request_hash=digest)
+
+    async def _answer_duplicate(self, turn_id: str, submit: Submit) -> Accepted | Refused:
+        assert submit.request_hash is not None
+        try:
+            earlier = await self._replay(turn_id, submit.request_hash)
+        except StoreError as e:
+            return _not_accepted(e)
+        if earlier is not None:
+            return earlier
+        return Refused(code="accept_conflict",
+                       message="a turn with this Idempotency-Key is being accepted",
+                       hint="retry with the same key shortly")  # fmt: skip
 
     async def _replay(self, turn_id: str, digest: str) -> Accepted | Refused | None:
         """The answer for a keyed request whose turn is already stored, or None if it is not."""
@@ -193,3 +202,7 @@ class Engine:
                         if self._sessions.get(key) is ref:
                             del self._sessions[key]
                     ref.stop(block=False)
+
+
+def _not_accepted(e: StoreError) -> Refused:
+    return Refused(code=e.code, message=f"the message was not accepted: {e.message}", hint=e.hint)
