@@ -117,10 +117,7 @@ class SessionActor(pykka.ThreadingActor):
         # A turn whose end is decided (its turn.end is on its way to the log) no longer counts:
         # a client that has seen turn.end must not be refused because the news has not yet
         # reached this actor.
-        running = self._running is not None and (
-            self._runner is None or self._runner.state.ended is None
-        )
-        busy = running or bool(self._queue)
+        busy = self._busy()
         if busy and policy == "reject":
             return Refused(
                 code="session_busy",
@@ -171,8 +168,17 @@ class SessionActor(pykka.ThreadingActor):
             return done
         return None
 
+    def _busy(self) -> bool:
+        """A turn runs or waits. A turn whose end is decided (its turn.end is on its way to the
+        log) no longer counts: a client that has seen turn.end must not be refused because the
+        news has not yet reached this actor."""
+        running = self._running is not None and (
+            self._runner is None or self._runner.state.ended is None
+        )
+        return running or bool(self._queue)
+
     def _clear(self, clear: ClearSession) -> Cleared | Refused:
-        if self._running is not None or self._queue:
+        if self._busy():
             return Refused(
                 code="session_busy",
                 message=f"session {self._session_key!r} has a turn running or queued",

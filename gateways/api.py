@@ -176,7 +176,7 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
         return msgspec.json.decode(raw or b"{}", type=kind)
     except msgspec.ValidationError as e:
         text = str(e)
-        field = text.split("`$.", 1)[1].split("`", 1)[0] if "`$." in text else None
+        field = _field_of(text)
         raise ApiError(
             400,
             "request_body_invalid",
@@ -191,6 +191,16 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
             f"the body is not JSON: {e}",
             "send a JSON object with Content-Type: application/json",
         ) from e
+
+
+def _field_of(error: str) -> str | None:
+    """The field a msgspec validation error is about: ``… - at `$.a.b``` and, for a missing
+    field, ``Object missing required field `x```."""
+    at = error.split("`$.", 1)[1].split("`", 1)[0] if "`$." in error else None
+    if "missing required field `" in error:
+        missing = error.split("missing required field `", 1)[1].split("`", 1)[0]
+        return f"{at}.{missing}" if at else missing
+    return at
 
 
 def int_param(request: Request, name: str, default: int, low: int, high: int, code: str) -> int:
@@ -500,6 +510,15 @@ def stored_message(row: tuple[Any, ...]) -> StoredMessage:
         origin="call" if calls else None,
         **common,
     )
+
+
+async def session(request: Request) -> Response:
+    """``/sessions/{key}`` and ``/sessions/{key}/messages``: GET reads, DELETE clears."""
+    if request.method == "DELETE":
+        return await clear_session(request)
+    if request.url.path.endswith("/messages"):
+        return await session_messages(request)
+    return await get_session(request)
 
 
 async def clear_session(request: Request) -> Response:

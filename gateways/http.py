@@ -78,10 +78,8 @@ def create_app(
         Route(turn + "/stream", sse.turn_stream, methods=["GET"]),
         Route("/v1/turns/{turn_id}", api.get_turn_any, methods=["GET"]),
         Route(agent + "/sessions", api.list_sessions, methods=["GET"]),
-        Route(session, api.get_session, methods=["GET"]),
-        Route(session, api.clear_session, methods=["DELETE"]),
-        Route(session + "/messages", api.session_messages, methods=["GET"]),
-        Route(session + "/messages", api.clear_session, methods=["DELETE"]),
+        Route(session, api.session, methods=["GET", "DELETE"]),
+        Route(session + "/messages", api.session, methods=["GET", "DELETE"]),
         Route("/v1/events", sse.events_stream, methods=["GET"]),
         WebSocketRoute("/v1/ws", ws.websocket_endpoint),
     ]

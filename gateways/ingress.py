@@ -117,6 +117,11 @@ def check(message: IngressMessage) -> Refused | None:
         return Refused(code="text_too_long",
                        message=f"the text has {len(message.text)} characters",
                        hint=f"send at most {MAX_TEXT} characters", field="text")  # fmt: skip
+    if "/" in message.session_key:
+        return Refused(code="session_key_invalid",
+                       message=f"the session key {message.session_key!r} contains '/'",
+                       hint="use ':' or '.' as a separator: session keys are path segments in "
+                       "the API", field="sessionKey")  # fmt: skip
     if not message.session_key or len(message.session_key) > MAX_SESSION_KEY:
         return Refused(code="session_key_invalid",
                        message=f"the session key has {len(message.session_key)} characters",

@@ -75,7 +75,10 @@ class ScriptedModel:
     def _reply(self, request: ModelRequest) -> list[dict[str, Any]]:
         last = request.messages[-1]
         results = [b for b in last["content"] if b.get("type") == "tool_result"]
-        if results:
+        # A new message can follow the results of a stopped turn in the same user message: then
+        # the message is what to answer.
+        answered_after = last["content"] and last["content"][-1].get("type") == "text"
+        if results and not answered_after:
             lines = [f"- {_first_line(b.get('content'))}" for b in results]
             return [_text(f"{LABEL} The tools answered:\n" + "\n".join(lines))]
         said = " ".join(b.get("text", "") for b in last["content"] if b.get("type") == "text")
