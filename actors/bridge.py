@@ -37,6 +37,17 @@ def answer(ask: Ask, handle: Callable[[object], object]) -> None:
         ask.reply.set_exception(e)
 
 
+def refuse_pending(actor: pykka.ThreadingActor) -> None:
+    """In a stopping actor (``on_stop``): fail the asks still in its inbox with ActorDeadError,
+    so their askers retry at once instead of waiting out their timeout (pykka answers only its
+    own asks when an actor stops, and an :class:`Ask` travels as a plain message)."""
+    inbox = actor.actor_inbox
+    while not inbox.empty():  # this thread is the inbox's only reader: get() cannot block here
+        message = inbox.get().message
+        if isinstance(message, Ask) and message.reply.set_running_or_notify_cancel():
+            message.reply.set_exception(pykka.ActorDeadError(f"{actor} stopped"))
+
+
 class Portal:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop

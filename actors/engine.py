@@ -4,6 +4,7 @@ passivated when idle), and where unfinished turns are found and resumed at start
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import defaultdict
 from typing import Any
@@ -46,7 +47,8 @@ class Engine:
         portal: Portal,
         host: ActorHost,
         node_id: str,
-        idle_seconds: float = 900.0,
+        idle_seconds: float = 60.0,
+        max_sessions: int = 1024,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -54,10 +56,18 @@ class Engine:
         self.host = host
         self.node_id = node_id
         self.idle_seconds = idle_seconds
+        self.max_sessions = max_sessions
+        """Past this many live session actors (a thread each), idle ones are passivated at once."""
+        self._crowded = asyncio.Event()
         self.running: set[asyncio.Task[Any]] = set()
         """Tasks of the turns running on this node (touched on the event loop only)."""
         self._sessions: dict[tuple[str, str], pykka.ActorRef[Any]] = {}
         self._lock = threading.Lock()
+
+    def live_sessions(self) -> set[tuple[str, str]]:
+        """``(agent, session)`` of the session actors alive now (thread-safe)."""
+        with self._lock:
+            return set(self._sessions)
 
     def session(self, agent_id: str, session_key: str) -> pykka.ActorRef[Any]:
         """The session's actor, activated if it is not running (thread-safe)."""
@@ -67,6 +77,8 @@ class Engine:
             if ref is None or not ref.is_alive():
                 ref = self.host.start(SessionActor, self, agent_id, session_key)
                 self._sessions[key] = ref
+                if len(self._sessions) > self.max_sessions:
+                    self.portal.call_soon(self._crowded.set)
             return ref
 
     async def submit(self, submit: Submit) -> Accepted | Refused:
@@ -187,17 +199,23 @@ class Engine:
         return len(rows)
 
     async def passivate_idle(self) -> None:
-        """Stop session actors idle for longer than ``idle_seconds`` (they reactivate on demand)."""
+        """Stop session actors idle for longer than ``idle_seconds``, or idle at all while there
+        are more than ``max_sessions`` of them (each holds a thread; they reactivate on demand
+        and hold nothing that needs a replay)."""
         while True:
-            await asyncio.sleep(min(60.0, self.idle_seconds))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._crowded.wait(), min(5.0, self.idle_seconds / 2))
+            self._crowded.clear()
             with self._lock:
                 candidates = list(self._sessions.items())
+            crowded = len(candidates) > self.max_sessions
+            threshold = 0.5 if crowded else self.idle_seconds
             for key, ref in candidates:
                 try:
                     idle_for = await Portal.ask(ref, IDLE_FOR, _ASK_TIMEOUT)
                 except pykka.ActorDeadError:
                     idle_for = float("inf")
-                if idle_for > self.idle_seconds:
+                if idle_for > threshold:
                     with self._lock:
                         if self._sessions.get(key) is ref:
                             del self._sessions[key]

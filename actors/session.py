@@ -16,7 +16,7 @@ import pykka
 import structlog
 
 from actors import ids
-from actors.bridge import Ask, answer
+from actors.bridge import Ask, answer, refuse_pending
 from actors.messages import (
     Accepted,
     Cleared,
@@ -78,6 +78,10 @@ class SessionActor(pykka.ThreadingActor):
             answer(message, self._handle)
             return None
         return self._handle(message)
+
+    def on_stop(self) -> None:
+        # Passivated (or the node drains): askers that raced the stop activate a new actor.
+        refuse_pending(self)
 
     def _handle(self, message: Any) -> Any:
         if isinstance(message, _Committed):

@@ -94,6 +94,13 @@ class StoreUnavailable(StoreError):
     code = "store_unavailable"
 
 
+class InvalidValue(StoreError):
+    """Postgres refused a value (e.g. a NUL character in text): the caller's input, not the
+    database's health."""
+
+    code = "invalid_value"
+
+
 class StoreOverloaded(StoreError):
     """The group-commit writer's bounded queue is full."""
 

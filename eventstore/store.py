@@ -19,7 +19,7 @@ import psycopg_pool
 from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
-from eventstore.errors import InvalidAppend, StoreUnavailable
+from eventstore.errors import InvalidAppend, InvalidValue, StoreError, StoreUnavailable
 from eventstore.hints import Hints
 from eventstore.migrations import migrate
 from eventstore.projection import Projection
@@ -271,7 +271,12 @@ class EventStore:
                 await self.hints.wait(generation, self.poll_interval)
 
 
-def _unavailable(e: psycopg.Error) -> StoreUnavailable:
+def _unavailable(e: psycopg.Error) -> StoreError:
+    if isinstance(e, psycopg.DataError):
+        return InvalidValue(
+            f"Postgres refused a value of this read: {e}".strip(),
+            "a parameter holds something Postgres cannot compare (e.g. a NUL character)",
+        )
     return StoreUnavailable(
         f"cannot read from Postgres: {e}".strip(),
         "the database is down or overloaded; the read can be retried",

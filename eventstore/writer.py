@@ -29,6 +29,7 @@ from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.decision import AppendResult, Command, decide
 from eventstore.envelope import NewEvent, RecordedEvent
 from eventstore.errors import (
+    InvalidValue,
     StoreClosed,
     StoreError,
     StoreOverloaded,
@@ -390,6 +391,11 @@ def _refused(e: Exception, command: Command) -> StoreError:
         log.error("writer_command_failed", stream=command.stream, exc_info=e)
         return _internal(e)
     diag = e.diag
+    if isinstance(e, psycopg.DataError):
+        return InvalidValue(
+            f"Postgres refused a value of the append: {diag.message_primary or e}",
+            "an event holds something Postgres cannot store (e.g. a NUL character in text)",
+        )
     return StoreError(
         f"Postgres refused the append: {diag.message_primary or e}",
         diag.message_hint or "this is a bug in the caller or in a projection; see the node's log",

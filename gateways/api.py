@@ -79,6 +79,7 @@ class ApiError(Exception):
 
 # Refusals from the engine and what HTTP status each one is.
 _STATUS = {
+    "invalid_value": 400,
     "agent_not_found": 404,
     "turn_not_found": 404,
     "session_not_found": 404,
@@ -98,6 +99,10 @@ _STATUS = {
 def refused(r: Refused) -> ApiError:
     status = _STATUS.get(r.code, 400 if r.field is not None else 503)
     return ApiError(status, r.code, r.message, r.hint, r.field)
+
+
+def store_error(e: StoreError) -> ApiError:
+    return ApiError(_STATUS.get(e.code, 503), e.code, e.message, e.hint)
 
 
 @functools.cache
@@ -244,7 +249,7 @@ async def fetch(
     try:
         return await store_of(request).afetch(sql(query), params)
     except StoreError as e:
-        raise ApiError(503, e.code, e.message, e.hint) from e
+        raise store_error(e) from e
 
 
 def turn_resource(row: tuple[Any, ...]) -> TurnResource:
@@ -414,7 +419,7 @@ async def turn_events(request: Request) -> Response:
     try:
         events = await store_of(request).aread_turn(turn.turn_id, after, limit)
     except StoreError as e:
-        raise ApiError(503, e.code, e.message, e.hint) from e
+        raise store_error(e) from e
     page = [to_wire(e) for e in events]
     return json_response(EventsPage(events=page, next=page[-1].cursor if page else None))
 

@@ -107,6 +107,10 @@ class Guard:
                 "use http://127.0.0.1:<port>, or list the name in DISPACH_ALLOWED_HOSTS",
             )
             return
+        if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
+            await _deny(scope, send, 400, "bad_request_url", "the URL contains a NUL character",
+                        "remove %00 from the path and the query")  # fmt: skip
+            return
         if kind == "http" and _too_large(headers, self.max_body):
             await _deny(
                 scope,

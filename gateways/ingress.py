@@ -110,6 +110,11 @@ _NO_NODE = Refused(code="no_node", message="no node serves sessions right now",
 
 def check(message: IngressMessage) -> Refused | None:
     """What every door checks before a message reaches its session (HTTP, WS and NATS alike)."""
+    for field, value in _texts(message):
+        if "\x00" in value:
+            return Refused(code="nul_character", message=f"`{field}` contains a NUL character",
+                           hint="remove the \\u0000 characters; they cannot be stored",
+                           field=field)  # fmt: skip
     if not message.text.strip():
         return Refused(code="message_text_required", message="the message has no text",
                        hint="send a non-empty `text`", field="text")  # fmt: skip
@@ -178,3 +183,12 @@ class Ingress:
                            hint='send JSON like {"text": "hello", "sessionKey": "api:default"}',
                            field=field)  # fmt: skip
         return check(message) or await submit(self._nc, agent_id, message)
+
+
+def _texts(message: IngressMessage) -> list[tuple[str, str]]:
+    texts = [("text", message.text), ("sessionKey", message.session_key)]
+    if message.deliver is not None:
+        texts += [("deliver.channel", message.deliver.channel), ("deliver.to", message.deliver.to)]
+    if message.sender is not None:
+        texts += [("from.id", message.sender.id), ("from.name", message.sender.name or "")]
+    return texts

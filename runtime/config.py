@@ -37,6 +37,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 8
     writer_queue: int = 10_000
     drain_seconds: float = 10.0
+    session_idle_seconds: float = 60.0
+    """A session actor idle this long is passivated (DISPACH_SESSION_IDLE_SECONDS)."""
+    max_sessions: int = 1024
+    """Live session actors (a thread each) before idle ones are passivated at once
+    (DISPACH_MAX_SESSIONS)."""
     agents_dir: Path | None = None
     """Where agent manifests live (DISPACH_AGENTS; default: <home>/agents)."""
 
@@ -80,6 +85,8 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "pool_size": _int(env, "DISPACH_PG_POOL", 8),
         "writer_queue": _int(env, "DISPACH_WRITER_QUEUE", 10_000),
         "drain_seconds": float(_int(env, "DISPACH_DRAIN_SECONDS", 10)),
+        "session_idle_seconds": float(_int(env, "DISPACH_SESSION_IDLE_SECONDS", 60)),
+        "max_sessions": _int(env, "DISPACH_MAX_SESSIONS", 1024),
         "agents_dir": Path(env["DISPACH_AGENTS"]).expanduser()
         if env.get("DISPACH_AGENTS")
         else None,

@@ -124,7 +124,11 @@ class Node:
         self.feed = feed
         self.agents = await asyncio.to_thread(manifest.load_all, self.settings.agents_path)
         self._details = {a.id: agent_detail(a) for a in self.agents.values()}
-        self.engine = Engine(store, self.agents, self._portal, self.actors, self.node_id)
+        self.engine = Engine(
+            store, self.agents, self._portal, self.actors, self.node_id,
+            idle_seconds=self.settings.session_idle_seconds,
+            max_sessions=self.settings.max_sessions,
+        )  # fmt: skip
         self._router = Router(self.nc, self.engine)
         await self._router.start()
         self._ingress = Ingress(self.nc, set(self.agents))
