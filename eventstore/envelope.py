@@ -68,7 +68,8 @@ class Checkpoint(msgspec.Struct, frozen=True, order=True):
             txid, position = struct.unpack(">QQ", raw)
         except (ValueError, struct.error) as e:
             raise InvalidCursor(cursor) from e
-        return cls(txid, position)
+        # global_position is a bigint: a larger position is past every event, as is the largest.
+        return cls(txid, min(position, 2**63 - 1))
 
 
 START = Checkpoint()

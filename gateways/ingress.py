@@ -5,6 +5,7 @@ is accepted (its ``turn.start`` committed), or ``{error: {code, message, hint}}`
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Literal
 
 import msgspec
@@ -24,6 +25,12 @@ log = structlog.get_logger("dispach.ingress")
 
 MAX_TEXT = 200_000
 MAX_SESSION_KEY = 512
+# A character that is not blank: whitespace is the union of Python's (`str.isspace`) and JSON
+# Schema's (ECMA `\s`), so the OpenAPI document's pattern and this check agree exactly.
+NOT_BLANK = (
+    "[^\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff]"
+)
+_SOMETHING = re.compile(NOT_BLANK)
 DEFAULT_SESSION = "api:default"
 
 
@@ -115,7 +122,7 @@ def check(message: IngressMessage) -> Refused | None:
             return Refused(code="nul_character", message=f"`{field}` contains a NUL character",
                            hint="remove the \\u0000 characters; they cannot be stored",
                            field=field)  # fmt: skip
-    if not message.text.strip():
+    if not _SOMETHING.search(message.text):
         return Refused(code="message_text_required", message="the message has no text",
                        hint="send a non-empty `text`", field="text")  # fmt: skip
     if len(message.text) > MAX_TEXT:

@@ -9,7 +9,9 @@ from typing import Any
 import msgspec
 
 from eventstore import WireEvent
+from gateways.api import STATUSES
 from gateways.errors import ErrorEnvelope
+from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
 from gateways.schemas import (
     AcceptedBody,
     AgentDetail,
@@ -56,6 +58,8 @@ _ERRORS = {
     "503": "The node is not ready, or a dependency is down",
 }
 SSE = "text/event-stream"
+CURSOR = "^([A-Za-z0-9_-]{22})?$"
+NO_NUL = "^[^\u0000]*$"
 
 
 def _ref(kind: type[Any]) -> dict[str, str]:
@@ -78,7 +82,8 @@ def _param(
         "in": where,
         "description": description,
         "required": where == "path" if required is None else required,
-        "schema": schema or {"type": "string", "minLength": 1},
+        "schema": schema
+        or ({"type": "string", "minLength": 1} if where == "path" else {"type": "string"}),
     }
 
 
@@ -89,6 +94,7 @@ def _op(
     params: list[dict[str, Any]] | None = None,
     body: type[Any] | None = None,
     errors: tuple[str, ...] = ("400", "401", "404"),
+    open_: bool = False,
 ) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "parameters": params or [], "responses": dict(ok)}
     if body is not None:
@@ -98,7 +104,7 @@ def _op(
         }
     for status in errors:
         op["responses"][status] = _json(_ref(ErrorEnvelope), _ERRORS[status])
-    op["security"] = [{"bearer": []}]
+    op["security"] = [] if open_ else [{"bearer": []}]
     return op
 
 
@@ -106,11 +112,41 @@ AGENT = _param("agent", "path", "Agent id")
 TURN = _param("turn_id", "path", "Turn id")
 KEY = _param("key", "path", "Session key (URL-encoded)")
 AFTER = _param(
-    "after", "query", "Resume after this cursor (an event's `cursor`, an SSE `id`)", required=False
+    "after",
+    "query",
+    "Resume after this cursor (an event's `cursor`, an SSE `id`)",
+    {"type": "string", "pattern": CURSOR},
+    required=False,
 )
 LIMIT = _param(
     "limit", "query", "Page size", {"type": "integer", "minimum": 1, "maximum": 500}, required=False
 )
+EVENTS_LIMIT = _param(
+    "limit", "query", "Page size", {"type": "integer", "minimum": 1, "maximum": 10_000},
+    required=False,
+)  # fmt: skip
+# One SSE frame, as schemathesis and other tools parse them.
+SSE_FRAME = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+    "required": ["data"],
+}
+
+
+def _accepted(description: str) -> dict[str, Any]:
+    """202/200 of POST messages: JSON, or the turn's SSE stream with ``stream: true``."""
+    return {
+        "description": description,
+        "content": {
+            "application/json": {"schema": _ref(AcceptedBody)},
+            SSE: {"schema": SSE_FRAME},
+        },
+    }
 
 
 def _paths() -> dict[str, Any]:
@@ -118,7 +154,7 @@ def _paths() -> dict[str, Any]:
         "200": {
             "description": "SSE: `stream.replay`, then event frames (`id:` is the "
             "cursor), then `stream.ended` after `turn.end`",
-            "content": {SSE: {"schema": {"type": "string"}}},
+            "content": {SSE: {"schema": SSE_FRAME}},
         }
     }
     agent = "/v1/agents/{agent}"
@@ -128,7 +164,7 @@ def _paths() -> dict[str, Any]:
         "Idempotency-Key",
         "header",
         "1-255 printable ASCII; a retry with the same key and body replays the first acceptance",
-        {"type": "string", "minLength": 1, "maxLength": 255},
+        {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
         required=False,
     )
     chunks = _param(
@@ -136,9 +172,21 @@ def _paths() -> dict[str, Any]:
     )
     types = _param("types", "query", "Comma-separated event types", required=False)
     return {
-        "/v1/health": {"get": _op("Liveness", {"200": _json(_ref(Health), "Alive")}, errors=())},
+        "/v1/health": {
+            "get": _op("Liveness", {"200": _json(_ref(Health), "Alive")}, errors=(), open_=True)
+        },
         "/v1/ready": {
-            "get": _op("Readiness", {"200": _json(_ref(Ready), "Ready")}, errors=("503",))
+            "get": _op(
+                "Readiness", {"200": _json(_ref(Ready), "Ready")}, errors=("503",), open_=True
+            )
+        },
+        "/v1/openapi.json": {
+            "get": _op(
+                "This document",
+                {"200": _json({"type": "object"}, "OpenAPI 3.1")},
+                errors=(),
+                open_=True,
+            )
         },
         "/v1/agents": {
             "get": _op(
@@ -154,8 +202,8 @@ def _paths() -> dict[str, Any]:
             "post": _op(
                 "Send a message: 202 once its turn is durably accepted",
                 {
-                    "202": _json(_ref(AcceptedBody), "Accepted: the turn runs without the caller"),
-                    "200": _json(_ref(AcceptedBody), "Replayed (same Idempotency-Key and body)"),
+                    "202": _accepted("Accepted: the turn runs without the caller"),
+                    "200": _accepted("Replayed (same Idempotency-Key and body)"),
                     "409": _json(
                         _ref(ErrorEnvelope), "Idempotency key reused, or the session is busy"
                     ),
@@ -172,7 +220,13 @@ def _paths() -> dict[str, Any]:
                 params=[
                     AGENT,
                     _param("sessionKey", "query", "Only this session", required=False),
-                    _param("status", "query", "Only this status", required=False),
+                    _param(
+                        "status",
+                        "query",
+                        "Only this status",
+                        {"type": "string", "enum": list(STATUSES)},
+                        required=False,
+                    ),
                     _param("before", "query", "nextBefore of the previous page", required=False),
                     LIMIT,
                 ],
@@ -206,7 +260,7 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "Stored events of a turn",
                 {"200": _json(_ref(EventsPage), "Events in log order")},
-                params=[AGENT, TURN, AFTER, LIMIT],
+                params=[AGENT, TURN, AFTER, EVENTS_LIMIT],
             )
         },
         turn + "/stream": {
@@ -219,7 +273,7 @@ def _paths() -> dict[str, Any]:
         "/v1/events": {
             "get": _op(
                 "Firehose (SSE)",
-                {"200": {"description": "SSE", "content": {SSE: {"schema": {"type": "string"}}}}},
+                {"200": {"description": "SSE", "content": {SSE: {"schema": SSE_FRAME}}}},
                 params=[
                     _param("agentId", "query", "Only this agent", required=False),
                     _param("sessionKey", "query", "Only this session", required=False),
@@ -262,7 +316,7 @@ def _paths() -> dict[str, Any]:
                         "before",
                         "query",
                         "nextBefore of the previous page",
-                        {"type": "integer", "minimum": 1},
+                        {"type": "integer", "minimum": 1, "maximum": 2**62},
                         required=False,
                     ),
                     LIMIT,
@@ -280,9 +334,25 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _constrain(components: dict[str, Any]) -> None:
+    """What the server checks beyond the types (gateways/ingress.py `check`), so generated
+    requests and the server agree on what is valid. The checks are not in the msgspec types
+    because v1 clients expect their own error codes (e.g. `message_text_required`)."""
+    body = components["MessageBody"]["properties"]
+    body["text"].update(minLength=1, maxLength=MAX_TEXT, pattern=NOT_BLANK)
+    no_nul = {"pattern": NO_NUL}
+    session = {"minLength": 1, "maxLength": MAX_SESSION_KEY, "pattern": "^[^/\u0000]+$"}
+    body["sessionKey"].update(session)
+    for name in ("Deliver", "Sender"):
+        for prop in components[name]["properties"].values():
+            if prop.get("type") == "string":
+                prop.update(no_nul)
+
+
 @functools.cache
 def document() -> bytes:
     _, components = msgspec.json.schema_components(_TYPES, ref_template=_REF)
+    _constrain(components)
     doc = {
         "openapi": "3.1.0",
         "info": {

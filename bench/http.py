@@ -1,0 +1,467 @@
+# ruff: noqa: E402 - the imports below must follow the sys.path fix
+"""Benchmark of the HTTP gateway: a real ``dispach serve`` under the shared load driver, in one run.
+
+    .venv/bin/python bench/http.py [--quick] [--keep]
+
+Uses DATABASE_URL / NATS_URL when set, else starts the embedded Postgres and NATS in a fresh
+temporary directory (removed afterwards), the same code ``dispach serve`` would run. The node is a
+subprocess, ``.venv/bin/dispach serve``, on a free loopback port, with its own DISPACH_HOME and
+schema ``bench_<hex>`` (the baseline's scratch table is in ``bench_<hex>_raw``). It serves two
+agents declared in a temporary DISPACH_AGENTS directory, both with the offline scripted model
+(instant) and the calculator tool:
+
+  - ``bench``: ``model: {provider: scripted}``; the driver's texts ("burst turn 7", ...) match
+    none of its rules, so every turn is one step (the model answers without tools);
+  - ``bench-tool``: the same, with ``script: [{match: ".", tool: calculator, ...}]``, so every
+    turn is one tool step (calculator, then the answer: two model calls). The driver sends fixed
+    texts and has no option for them; this agent turns its texts into "calculate 6*7" turns.
+
+The driver is /work/shared/tools/loadgen (a keep-alive HTTP/1.1 client on the standard library,
+cheaper per request than the server): run as a subprocess with this interpreter (uvloop), never
+copied. Its phases: ``seq`` (sequential POST then poll until final: accept and end-to-end
+latency), ``burst`` (N turns from 16 submitters: turns/s), ``closed`` (16 turns in flight, POST
+``{stream: true}`` read to ``turn.end``), ``reattach`` (POST, then GET .../stream to ``turn.end``:
+first-event latency). Runs: all four phases over 16 sessions; then a burst over 128 sessions; then
+one-tool bursts over 16 and 128 sessions.
+
+Baseline: raw psycopg single-row INSERT + COMMIT on the same database, before and after.
+Anchor: the original Dispach (Bun, SQLite) under the same driver on this kind of machine, from the
+driver's README: burst 1,330 turns/s at 16 sessions (1,650 at 128); one tool 720 (852); accept
+p50 0.44 ms; end-to-end p50 2.16 ms, p99 6.3 ms; first SSE event p50 0.8 ms; RSS ~100 MB (65 MB at
+ready); ~1 ms of server CPU per turn.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# This file's directory holds bench/eventstore.py and this http.py, named like packages the node
+# and the standard library import; Python puts the script's directory first: take it off.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+# The packages are imported lazily (by _report.servers), after bench/ joins the path below: put
+# the repository first, so `eventstore` is the package, not bench/eventstore.py.
+sys.path.insert(0, str(_HERE.parent))
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import psycopg
+from psycopg import sql
+
+sys.path.append(str(_HERE))
+from _report import (
+    RawSingle,
+    machine_facts,
+    ms,
+    perf,
+    print_rows,
+    rate,
+    raw_setup,
+    raw_single,
+    run_loop,
+    section,
+    servers,
+)
+
+LOADGEN = Path("/work/shared/tools/loadgen/loadgen.py")
+ROOT = _HERE.parent
+DISPACH = ROOT / ".venv" / "bin" / "dispach"
+AGENTS = {
+    "bench": """\
+id: bench
+name: Benchmark agent
+model:
+  provider: scripted
+tools: [calculator]
+""",
+    "bench-tool": """\
+id: bench-tool
+name: Benchmark agent, one tool call per turn
+model:
+  provider: scripted
+  script:
+    - {match: ".", tool: calculator, input: {expression: "6*7"}}
+tools: [calculator]
+""",
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    turns: int
+    raw_seconds: float
+
+
+FULL = Plan(500, 3.0)
+QUICK = Plan(60, 0.5)
+
+
+@dataclass(frozen=True)
+class Run:
+    key: str
+    agent: str
+    phases: str
+    sessions: int
+
+
+RUNS = (
+    Run("main", "bench", "seq,burst,closed,reattach", 16),
+    Run("burst128", "bench", "burst", 128),
+    Run("tool16", "bench-tool", "burst", 16),
+    Run("tool128", "bench-tool", "burst", 128),
+)
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def get_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            status: int = answer.status
+            return status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+async def wait_ready(server: asyncio.subprocess.Process, base: str, log: Path) -> float:
+    """Seconds from now until GET /v1/ready answers 200."""
+    started = perf()
+    while perf() - started < 120:
+        if server.returncode is not None:
+            raise SystemExit(f"dispach serve exited with {server.returncode}:\n{tail(log)}")
+        if await asyncio.to_thread(get_status, base + "/v1/ready") == 200:
+            return perf() - started
+        await asyncio.sleep(0.05)
+    raise SystemExit(f"dispach serve not ready after 120 s:\n{tail(log)}")
+
+
+def tail(log: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM (kB) and Threads of a live process."""
+    found: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for row in f:
+            if row.startswith(("VmRSS:", "VmHWM:", "Threads:")):
+                name, value = row.split(":", 1)
+                found[name] = int(value.split()[0])
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def stop(server: asyncio.subprocess.Process) -> int:
+    """SIGTERM, then wait for the drain (kill after 60 s)."""
+    if server.returncode is not None:
+        return server.returncode
+    server.send_signal(signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(server.wait(), 60)
+    except TimeoutError:
+        server.kill()
+        await server.wait()
+        return -9
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+
+async def loadgen(base: str, pid: int, run: Run, plan: Plan) -> dict[str, Any]:
+    argv = [
+        sys.executable, str(LOADGEN), "--base", base, "--agent", run.agent, "--pid", str(pid),
+        "--phases", run.phases, "--turns", str(plan.turns), "--sessions", str(run.sessions),
+        "--submitters", "16",
+    ]  # fmt: skip
+    print("$ " + " ".join(argv[1:]), flush=True)
+    child = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await child.communicate()
+    if child.returncode != 0:
+        raise SystemExit(f"loadgen failed ({child.returncode}):\n{err.decode()[-3000:]}")
+    found: dict[str, Any] = json.loads(out)
+    return found
+
+
+def print_phases(run: Run, result: dict[str, Any]) -> None:
+    """The figures of one loadgen run, phase by phase."""
+    seq = result.get("seq_e2e")
+    if seq:
+        print(
+            f"seq ({seq['n']} turns, one at a time): accept p50 {lat(seq['accept_ms'], 'p50')}"
+            f" p99 {lat(seq['accept_ms'], 'p99')}; end-to-end p50 {lat(seq['e2e_ms'], 'p50')}"
+            f" p99 {lat(seq['e2e_ms'], 'p99')}; server durationMs p50"
+            f" {lat(seq['server_durationMs'], 'p50')}; {seq['polls_per_turn']:.1f} polls per"
+            f" turn; statuses {seq['statuses']}; server CPU {per_turn(seq['cpu_s'], seq['n'])}"
+        )
+    burst = result.get("burst")
+    if burst:
+        print(
+            f"burst ({burst['n']} turns, {burst['sessions']} sessions, {burst['submitters']}"
+            f" submitters): {burst['completed']} completed, {burst['post_errors']} POST errors;"
+            f" {rate(burst['turns_per_s_wall'])} wall, {rate(burst['turns_per_s_server'] or 0)}"
+            f" server window; accept p50 {lat(burst['accept_ms'], 'p50')} p99"
+            f" {lat(burst['accept_ms'], 'p99')}; POST -> endedAt p50"
+            f" {lat(burst['post_to_endedAt_ms'], 'p50')} p99"
+            f" {lat(burst['post_to_endedAt_ms'], 'p99')}; statuses {burst['statuses']} steps"
+            f" {burst['steps']}; server CPU {per_turn(burst['cpu_s'], burst['completed'])}"
+        )
+    closed = result.get("closed_loop")
+    if closed:
+        print(
+            f"closed ({closed['workers']} in flight, POST stream:true to turn.end):"
+            f" {rate(closed['turns_per_s'])}; turn p50 {lat(closed['turn_ms'], 'p50')} p99"
+            f" {lat(closed['turn_ms'], 'p99')}; first frame p50"
+            f" {lat(closed['accept_first_frame_ms'], 'p50')}; not final at turn.end"
+            f" {closed['not_final_at_turn_end']}; statuses {closed['statuses']}; server CPU"
+            f" {per_turn(closed['cpu_s'], closed['n'])}"
+        )
+    reattach = result.get("stream_reattach")
+    if reattach:
+        print(
+            f"reattach ({reattach['n']} turns: POST, then GET .../stream): first event p50"
+            f" {lat(reattach['first_event_ms'], 'p50')} p99"
+            f" {lat(reattach['first_event_ms'], 'p99')}; turn.end p50"
+            f" {lat(reattach['turn_end_ms'], 'p50')}; final right after turn.end"
+            f" {reattach['final_immediately_after_turn_end']}/{reattach['n']}; unavailable"
+            f" {reattach['stream_unavailable']}"
+        )
+    print(f"server memory after the run: {result.get('server_mem_kb')}")
+    errors = result.get("errors") or []
+    print(f"driver errors ({run.key}): {len(errors)}" + "".join(f"\n  {e}" for e in errors))
+
+
+def lat(summary: dict[str, Any], key: str) -> str:
+    value = summary.get(key)
+    return "-" if value is None else f"{value:.2f} ms"
+
+
+def per_turn(cpu: dict[str, float], turns: int) -> str:
+    if not turns:
+        return "-"
+    return f"{cpu['server'] * 1000 / turns:.2f} ms/turn (driver {cpu['driver'] * 1000 / turns:.2f})"
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    ours: float | None
+    dispach: float | None
+    baseline: float | None
+    show: Callable[[float], str]
+
+
+def rows(
+    results: dict[str, dict[str, Any]], raw: RawSingle, ready_kb: int, peak_kb: int
+) -> list[Row]:
+    main, burst128 = results["main"], results["burst128"]
+    tool16, tool128 = results["tool16"], results["tool128"]
+    seq, burst, closed = main["seq_e2e"], main["burst"], main["closed_loop"]
+    reattach = main["stream_reattach"]
+
+    def ms_(x: float) -> str:
+        return f"{x:.2f} ms"
+
+    def mb(x: float) -> str:
+        return f"{x / 1024:.0f} MB"
+
+    def server_rate(b: dict[str, Any]) -> float | None:
+        value: float | None = b["turns_per_s_server"]
+        return value
+
+    return [
+        Row("burst turns/s, 16 sessions (wall)", burst["turns_per_s_wall"], 1330, raw.rate, rate),
+        Row("burst turns/s, 16 sessions (server window)", server_rate(burst), 1330, raw.rate, rate),
+        Row("burst turns/s, 128 sessions (wall)", burst128["burst"]["turns_per_s_wall"], 1650,
+            raw.rate, rate),
+        Row("one-tool turns/s, 16 sessions (wall)", tool16["burst"]["turns_per_s_wall"], 720,
+            raw.rate, rate),
+        Row("one-tool turns/s, 128 sessions (wall)", tool128["burst"]["turns_per_s_wall"], 852,
+            raw.rate, rate),
+        Row("closed loop turns/s, 16 in flight (stream:true)", closed["turns_per_s"], None,
+            raw.rate, rate),
+        Row("accept p50 (seq, idle)", seq["accept_ms"]["p50"], 0.44, raw.p50 * 1000, ms_),
+        Row("end-to-end p50 (seq: POST -> polled final)", seq["e2e_ms"]["p50"], 2.16,
+            raw.p50 * 1000, ms_),
+        Row("end-to-end p99 (seq)", seq["e2e_ms"]["p99"], 6.3, raw.p99 * 1000, ms_),
+        Row("first SSE event p50 (reattach, from the POST)",
+            reattach["first_event_ms"]["p50"], 0.8, raw.p50 * 1000, ms_),
+        Row("server CPU per turn (burst, 16 sessions)",
+            burst["cpu_s"]["server"] * 1000 / max(1, burst["completed"]), 1.0, None, ms_),
+        Row("server RSS at ready", ready_kb, 65 * 1024, None, mb),
+        Row("server RSS peak (VmHWM)", peak_kb, 100 * 1024, None, mb),
+    ]  # fmt: skip
+
+
+def print_results(lines: Iterable[Row]) -> None:
+    table = []
+    for r in lines:
+        ours = "-" if r.ours is None else r.show(r.ours)
+        table.append((
+            r.figure, ours,
+            "-" if r.dispach is None else r.show(r.dispach),
+            "-" if r.ours is None or not r.dispach else f"{r.ours / r.dispach:.2f}x",
+            "-" if r.baseline is None else r.show(r.baseline),
+            "-" if r.ours is None or not r.baseline else f"{r.ours / r.baseline:.2f}x",
+        ))  # fmt: skip
+    print_rows(
+        ("figure", "ours", "Dispach", "ours / Dispach", "raw baseline", "ours / baseline"),
+        table,
+        {1, 2, 3, 4, 5},
+    )
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def drop_schemas(url: str, schemas: Iterable[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for schema in schemas:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def nats_version(url: str) -> str:
+    nc = await nats.connect(url)
+    try:
+        return str(nc.connected_server_version)
+    finally:
+        await nc.close()
+
+
+async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool) -> None:
+    schema = f"bench_{secrets.token_hex(4)}"
+    raw_schema = f"{schema}_raw"
+    root = Path(tempfile.mkdtemp(prefix="dispach-bench-http-"))
+    (root / "agents").mkdir()
+    for agent, manifest in AGENTS.items():
+        (root / "agents" / f"{agent}.yaml").write_text(manifest)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = root / "serve.log"
+    env = {
+        **os.environ,
+        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
+        "DISPACH_HOST": "127.0.0.1", "DISPACH_PORT": str(port), "DISPACH_API_TOKEN": "",
+    }  # fmt: skip
+    machine_facts(url, await nats_version(nats_url), data_dir)
+    print(f"schema: {schema}  mode: {'quick' if plan is QUICK else 'full'}  turns: {plan.turns}")
+    print(f"driver: {sys.executable} {LOADGEN}")
+
+    await asyncio.to_thread(raw_setup, url, raw_schema)
+    section("baseline: raw psycopg single-row INSERT + COMMIT")
+    raw1 = await asyncio.to_thread(raw_single, url, raw_schema, plan.raw_seconds, "before")
+
+    server: asyncio.subprocess.Process | None = None
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        with log.open("wb") as sink:
+            server = await asyncio.create_subprocess_exec(
+                str(DISPACH), "serve", env=env, stdout=sink, stderr=asyncio.subprocess.STDOUT
+            )
+        section(f"dispach serve (pid {server.pid}) on {base}")
+        took = await wait_ready(server, base, log)
+        ready = proc_status(server.pid)
+        ready_cpu = cpu_seconds(server.pid)
+        print(
+            f"ready in {took:.2f} s; RSS {ready['VmRSS'] / 1024:.0f} MB, {ready['Threads']}"
+            f" threads, CPU so far {ready_cpu:.2f} s"
+        )
+        for run in RUNS:
+            section(f"loadgen {run.key}: agent {run.agent}, {run.phases}, {run.sessions} sessions")
+            result = await loadgen(base, server.pid, run, plan)
+            results[run.key] = result
+            print_phases(run, result)
+        peak = proc_status(server.pid)
+        print(
+            f"\nserver after all runs: RSS {peak['VmRSS'] / 1024:.0f} MB, peak (VmHWM)"
+            f" {peak['VmHWM'] / 1024:.0f} MB, {peak['Threads']} threads, CPU"
+            f" {cpu_seconds(server.pid) - ready_cpu:.1f} s since ready"
+        )
+        section("stop: SIGTERM")
+        started = perf()
+        status = await stop(server)
+        print(f"dispach serve exited with {status} after {ms(perf() - started)}")
+        if status != 0:
+            print(tail(log))
+    finally:
+        if server is not None and server.returncode is None:
+            server.kill()
+            await server.wait()
+
+    section("baseline again, right after: the machine is shared")
+    raw2 = await asyncio.to_thread(raw_single, url, raw_schema, plan.raw_seconds, "after")
+    raw = RawSingle((raw1.rate + raw2.rate) / 2, (raw1.p50 + raw2.p50) / 2,
+                    (raw1.p99 + raw2.p99) / 2, raw1.commits + raw2.commits)  # fmt: skip
+    if not keep:
+        await asyncio.to_thread(drop_schemas, url, (schema, raw_schema))
+    shutil.rmtree(root, ignore_errors=True)
+
+    section("results")
+    print(
+        "raw baseline: single-row INSERT+COMMIT on the same database, mean of before and after"
+        f" ({rate(raw.rate)}, p50 {ms(raw.p50)}, p99 {ms(raw.p99)}): the rate beside turns/s"
+        " rows (ratio = turns per raw commit), p50/p99 beside latency rows.\n"
+        "Dispach: the original under the same driver on this kind of machine (loadgen README,"
+        " median of 5 runs; it does not say whether burst is wall or server-window turns/s)."
+    )
+    print_results(rows(results, raw, ready["VmRSS"], peak["VmHWM"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK.turns} turns a phase")
+    parser.add_argument("--keep", action="store_true", help="keep the bench schemas afterwards")
+    args = parser.parse_args()
+    if not LOADGEN.is_file():
+        raise SystemExit(f"the load driver is missing: {LOADGEN} (see docs/benchmarks.md)")
+    if not DISPACH.is_file():
+        raise SystemExit(f"{DISPACH} is missing: install the project (pip install -e '.[dev]')")
+    plan = QUICK if args.quick else FULL
+    started = perf()
+    with servers() as found:
+        run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, args.keep))
+    print(f"\ntotal time {perf() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        main()

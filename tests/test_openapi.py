@@ -1,0 +1,463 @@
+"""``GET /v1/openapi.json`` against the live server it describes.
+
+Schemathesis reads the document the server serves and generates requests for every operation,
+valid ones and deliberately invalid ones. No answer may be a 5xx, every error must be the envelope
+(non-empty ``code``, ``message`` and ``hint``), and every answer must fit the status codes, media
+types and schemas the document declares; valid requests must be accepted and invalid ones
+refused. The two SSE operations never end on a valid request, so only their error paths (and the
+stream of a turn that has already ended) are checked, with requests written here; the WebSocket
+is not in the document.
+
+Generation is derandomized (the same requests every run) and bounded (``EXAMPLES`` per operation
+and mode). Every schemathesis call runs in a child process (``python -m tests.test_openapi
+JOB``), not in a thread: the server is on this event loop, and schemathesis holds the GIL for
+long stretches (Hypothesis' generation, jsonschema-rs compiling schemas), long enough to trip the
+250 ms blocking check on the server's own callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, TypedDict
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis.errors import Unsatisfiable
+from schemathesis import Case, GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.core import NOT_SET
+from schemathesis.core.failures import FailureGroup
+from schemathesis.core.result import Ok
+from schemathesis.openapi.checks import RejectedPositiveData
+from schemathesis.schemas import APIOperation, BaseSchema
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    negative_data_rejection,
+    positive_data_acceptance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+from starlette.routing import Route
+
+from gateways import create_app
+from gateways.auth import OPEN_PATHS
+from tests.conftest import ApiFactory, ApiServer
+from tests.turns import wait_end
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = 30
+STREAMS = frozenset({"/v1/agents/{agent}/turns/{turn_id}/stream", "/v1/events"})
+UNDOCUMENTED = frozenset({"/metrics", "/v1/ws"})
+STOP = "POST /v1/agents/{agent}/turns/{turn_id}/stop"
+MESSAGES = "POST /v1/agents/{agent}/messages"
+# Conformance of one answer, whatever produced the request.
+CONFORMANCE = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+# Plus, for generated requests: valid ones accepted, invalid ones refused.
+CHECKS = [*CONFORMANCE, positive_data_acceptance, negative_data_rejection]
+# Refusals of schema-valid requests that no schema could prevent: `before` must name a turn of
+# this agent that exists. (operation, error code, error field)
+BY_DATA = frozenset({("GET /v1/agents/{agent}/turns", "turns_page_invalid", "before")})
+# The server ignores query parameters it does not know (as v1 clients expect), and the token is
+# sent by the test (a token the generator made up can only be refused).
+CONFIG = {"generation": {"allow-extra-parameters": False, "with-security-parameters": False}}
+
+Operation = APIOperation[Any, Any, Any, Any]
+AnyCase = Case[Operation]
+
+
+def envelope_problem(status: int, body: bytes) -> str | None:
+    """Why an answer is not the error envelope it must be (None: it is, or it is no error)."""
+    if status < 400:
+        return None
+    try:
+        error = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"{status} is not the error envelope: {body[:200]!r}"
+    empty = [key for key in ("code", "message", "hint") if not error.get(key)]
+    return f"{status} has an empty {', '.join(empty)}: {error}" if empty else None
+
+
+# ---- the child process ---------------------------------------------------------------------
+
+
+class Request(TypedDict, total=False):
+    """A request written by hand: the operation's label and what to fill in."""
+
+    label: str
+    path: dict[str, str]
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+class Job(TypedDict, total=False):
+    kind: Literal["validate", "fuzz", "send"]
+    url: str
+    headers: dict[str, str]
+    pinned: dict[str, str]
+    """fuzz: path parameters to fix (the agent, turn and session that exist)."""
+    requests: list[Request]
+    """send: the requests to make, in order."""
+
+
+class Report(TypedDict):
+    problems: list[str]
+    """One line a distinct problem, with the first request that showed it."""
+    statuses: dict[str, dict[str, list[int]]]
+    """fuzz: operation label -> generation mode -> statuses seen (sorted, distinct)."""
+    answers: list[tuple[int, str]]
+    """send: the status and body of each answer."""
+    operations: list[str]
+    """The labels of the operations schemathesis read from the document."""
+
+
+def run_job(job: Job) -> Report:
+    schema = schemathesis.openapi.from_url(
+        job["url"] + "/v1/openapi.json", config=schemathesis.Config.from_dict(CONFIG)
+    )
+    report = Report(problems=[], statuses={}, answers=[], operations=[])
+    operations: dict[str, Operation] = {}
+    for result in schema.get_all_operations():
+        if isinstance(result, Ok):
+            operations[result.ok().label] = result.ok()
+        else:
+            report["problems"].append(f"unreadable operation: {result.err()}")
+    report["operations"] = sorted(operations)
+    match job["kind"]:
+        case "validate":
+            try:
+                schema.validate()
+            except Exception as e:  # the validation error, whatever its class, is the finding
+                report["problems"].append(f"not valid OpenAPI: {e}")
+        case "fuzz":
+            fuzz(schema, operations, job, report)
+        case "send":
+            send(operations, job, report)
+    return report
+
+
+def fuzz(schema: BaseSchema, operations: dict[str, Operation], job: Job, report: Report) -> None:
+    """Generated requests for every operation but the streams, valid and invalid ones. Problems
+    are collected rather than raised, so one run reports every operation."""
+    problems: dict[str, str] = {}
+    statuses: dict[str, dict[str, set[int]]] = {}
+
+    def found(case: AnyCase, what: str, answer: str) -> None:
+        request = f"{case.method} {case.formatted_path} query={case.query} body={case.body!r}"
+        problems.setdefault(f"{case.operation.label}: {what}", f"{request} -> {answer}")
+
+    def check(case: AnyCase) -> None:
+        try:
+            response = case.call(base_url=job["url"], headers=job["headers"], timeout=10)
+        except Exception as e:  # a transport failure is a finding, not a crash of the run
+            found(case, "request failed", repr(e))
+            return
+        mode = case.meta.generation.mode.value if case.meta else "explicit"
+        statuses.setdefault(case.operation.label, {}).setdefault(mode, set()).add(
+            response.status_code
+        )
+        answer = f"{response.status_code} {response.content[:300]!r}"
+        problem = envelope_problem(response.status_code, response.content)
+        if problem is not None:
+            found(case, problem, answer)
+        try:
+            case.validate_response(response, checks=CHECKS, headers=job["headers"])
+        except FailureGroup as group:
+            for failure in group.exceptions:
+                if isinstance(failure, RejectedPositiveData) and refused_by_data(case, response):
+                    continue
+                # The hint names the extra properties it saw: one problem whatever they were.
+                message = "\n".join(
+                    line for line in failure.message.splitlines() if not line.startswith("Hint:")
+                )
+                found(case, f"{failure.title}: {message}", answer)
+
+    for operation in operations.values():
+        if operation.path in STREAMS:
+            continue
+        names = {p.name for p in operation.path_parameters}
+        pinned = {k: v for k, v in job["pinned"].items() if k in names} or None
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            strategy = operation.as_strategy(generation_mode=mode, path_parameters=pinned)
+            run: Callable[[], None] = settings(
+                max_examples=EXAMPLES,
+                derandomize=True,
+                database=None,
+                deadline=None,
+                phases=[Phase.explicit, Phase.generate],  # no shrinking: report, don't minimise
+                suppress_health_check=list(HealthCheck),
+            )(given(strategy)(check))
+            try:
+                run()
+            except Unsatisfiable:  # nothing to make invalid: no parameters, no body
+                assert mode is GenerationMode.NEGATIVE, operation.label
+    report["problems"] += [f"{what}\n    e.g. {example}" for what, example in problems.items()]
+    report["statuses"] = {
+        label: {mode: sorted(seen) for mode, seen in modes.items()}
+        for label, modes in statuses.items()
+    }
+
+
+def refused_by_data(case: AnyCase, response: schemathesis.Response) -> bool:
+    try:
+        error = json.loads(response.content)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return (case.operation.label, error.get("code"), error.get("field")) in BY_DATA
+
+
+def send(operations: dict[str, Operation], job: Job, report: Report) -> None:
+    """Requests written by hand, each answer checked against the document."""
+    for request in job["requests"]:
+        operation = operations[request["label"]]
+        case = operation.Case(
+            path_parameters=request.get("path"),
+            query=request.get("query"),
+            body=request.get("body", NOT_SET),
+        )
+        headers = request.get("headers", {})
+        response = case.call(base_url=job["url"], headers=headers, timeout=10)
+        report["answers"].append((response.status_code, response.content.decode()))
+        what = f"{request} -> {response.status_code} {response.content[:300]!r}"
+        problem = envelope_problem(response.status_code, response.content)
+        if problem is not None:
+            report["problems"].append(f"{problem}\n    e.g. {what}")
+        try:
+            case.validate_response(response, checks=CONFORMANCE, headers=headers)
+        except FailureGroup as group:
+            report["problems"] += [
+                f"{f.title}: {f.message}\n    e.g. {what}" for f in group.exceptions
+            ]
+
+
+# ---- the parent: the test process --------------------------------------------------------------
+
+
+async def in_child(job: Job) -> Report:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.test_openapi",
+        json.dumps(job),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 100)
+    assert child.returncode == 0, err.decode()
+    report: Report = json.loads(out)
+    return report
+
+
+async def document(api: ApiServer) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=api.url) as client:
+        answer = await client.get("/v1/openapi.json")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == "application/json"
+    raw: dict[str, Any] = answer.json()
+    return raw
+
+
+async def finished_turn(api: ApiServer) -> tuple[str, str]:
+    """A turn that ran the calculator and ended: its id and session key."""
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers) as client:
+        answer = await client.post(
+            "/v1/agents/assistant/messages",
+            json={"text": "calculate 6*7", "sessionKey": "fuzz:known"},
+        )
+    assert answer.status_code == 202, answer.text
+    turn_id: str = answer.json()["turnId"]
+    await wait_end(api.node, turn_id)
+    return turn_id, "fuzz:known"
+
+
+def successes(report: Report) -> set[str]:
+    """Operations that answered a valid request with a 2xx at least once."""
+    return {
+        label
+        for label, modes in report["statuses"].items()
+        if any(200 <= status < 300 for status in modes.get("positive", []))
+    }
+
+
+def fuzzed(report: Report) -> set[str]:
+    """The operations requests are generated for: all but the streams."""
+    return {label for label in report["operations"] if label.split(" ", 1)[1] not in STREAMS}
+
+
+# ---- the document ---------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_the_document_is_valid_openapi_3_1(api: ApiServer) -> None:
+    raw = await document(api)
+    report = await in_child(Job(kind="validate", url=api.url))
+    assert report["problems"] == [], "\n".join(report["problems"])
+    assert raw["openapi"] == "3.1.0"
+    documented = {f"{m.upper()} {p}" for p, item in raw["paths"].items() for m in item}
+    # schemathesis leaves out the operation that serves the document it reads
+    assert set(report["operations"]) == documented - {"GET /v1/openapi.json"}
+
+
+@pytest.mark.asyncio
+async def test_every_route_is_in_the_document(api: ApiServer) -> None:
+    raw = await document(api)
+    in_document = {(path, method.upper()) for path, item in raw["paths"].items() for method in item}
+    served = {
+        (route.path, method)
+        for route in create_app(api.node).routes
+        if isinstance(route, Route) and route.path not in UNDOCUMENTED
+        for method in route.methods or ()
+        if method != "HEAD"
+    }
+    assert served - in_document == set(), "served but not documented"
+    assert in_document - served == set(), "documented but not served"
+
+
+@pytest.mark.asyncio
+async def test_open_paths_are_documented_without_security(api: ApiServer) -> None:
+    paths = (await document(api))["paths"]
+    for path in OPEN_PATHS & paths.keys():  # a path missing altogether fails the test above
+        assert paths[path]["get"].get("security") == [], path
+
+
+# ---- generated requests ---------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_generated_requests_on_an_open_server(api: ApiServer) -> None:
+    turn_id, key = await finished_turn(api)
+    anywhere = await in_child(Job(kind="fuzz", url=api.url, headers={}, pinned={}))
+    pinned = {"agent": "assistant", "turn_id": turn_id, "key": key}
+    known = await in_child(Job(kind="fuzz", url=api.url, headers={}, pinned=pinned))
+    problems = anywhere["problems"] + known["problems"]
+    assert problems == [], "\n".join(problems)
+    # Pinned to an agent, a turn and a session that exist, valid requests reach the handlers:
+    # every operation succeeds at least once (stop answers 409: the turn has ended).
+    assert successes(known) == fuzzed(known) - {STOP}, known["statuses"]
+
+
+@pytest.mark.asyncio
+async def test_generated_requests_with_a_token(api_factory: ApiFactory) -> None:
+    api = await api_factory.start(tokens=["fuzz-secret"])
+    turn_id, key = await finished_turn(api)
+    pinned = {"agent": "assistant", "turn_id": turn_id, "key": key}
+    known = await in_child(Job(kind="fuzz", url=api.url, headers=api.headers, pinned=pinned))
+    assert known["problems"] == [], "\n".join(known["problems"])
+    assert successes(known) == fuzzed(known) - {STOP}, known["statuses"]
+
+
+# ---- requests written by hand: the 401s and the streams --------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_every_operation_refuses_a_missing_or_wrong_token(api_factory: ApiFactory) -> None:
+    api = await api_factory.start(tokens=["fuzz-secret"])
+    labels = (await in_child(Job(kind="validate", url=api.url)))["operations"]
+    values = {"agent": "assistant", "turn_id": "t-nope", "key": "k"}
+    requests: list[Request] = []
+    for label in labels:
+        path = label.split(" ", 1)[1]
+        params = {name: value for name, value in values.items() if "{" + name + "}" in path}
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            request = Request(label=label, path=params, headers=headers)
+            if label == MESSAGES:
+                request["body"] = {"text": "hi"}
+            requests.append(request)
+    report = await in_child(Job(kind="send", url=api.url, requests=requests))
+    assert report["problems"] == [], "\n".join(report["problems"])
+    statuses = {
+        (request["label"], bool(request.get("headers"))): status
+        for request, (status, _) in zip(requests, report["answers"], strict=True)
+    }
+    assert statuses == {
+        (label, wrong): 200 if label.split(" ", 1)[1] in OPEN_PATHS else 401
+        for label in labels
+        for wrong in (False, True)
+    }
+
+
+@pytest.mark.asyncio
+async def test_the_streams_error_paths_and_an_ended_turn(api: ApiServer) -> None:
+    turn_id, _ = await finished_turn(api)
+    turn = "GET /v1/agents/{agent}/turns/{turn_id}/stream"
+    firehose = "GET /v1/events"
+    cases: list[tuple[Request, int]] = [
+        (Request(label=turn, path={"agent": "nope", "turn_id": turn_id}), 404),
+        (Request(label=turn, path={"agent": "assistant", "turn_id": "t-nope"}), 404),
+        (
+            Request(
+                label=turn,
+                path={"agent": "assistant", "turn_id": turn_id},
+                query={"after": "not-a-cursor"},
+            ),
+            400,
+        ),
+        (
+            Request(
+                label=turn, path={"agent": "assistant", "turn_id": turn_id}, query={"types": "x"}
+            ),
+            400,
+        ),
+        (Request(label=firehose, query={"agentId": "nope"}), 404),
+        (Request(label=firehose, query={"types": "turn.strat"}), 400),
+        (Request(label=firehose, query={"after": "not-a-cursor"}), 400),
+        # A turn that has ended: replay, its events, stream.ended, and the stream closes.
+        (Request(label=turn, path={"agent": "assistant", "turn_id": turn_id}), 200),
+    ]
+    report = await in_child(
+        Job(kind="send", url=api.url, requests=[request for request, _ in cases])
+    )
+    assert report["problems"] == [], "\n".join(report["problems"])
+    assert [status for status, _ in report["answers"]] == [status for _, status in cases]
+    assert "event: stream.ended" in report["answers"][-1][1]
+
+
+# NUL cannot be stored by Postgres (neither in text nor in jsonb): a request that carries one is
+# the caller's mistake, a 4xx, never a 503 that blames the database.
+NUL_REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
+    ("GET", "/v1/agents/assistant/turns", {"params": {"sessionKey": "a\x00b"}}),
+    ("GET", "/v1/agents/assistant/turns", {"params": {"before": "t\x00"}}),
+    ("GET", "/v1/turns/t%00b", {}),
+    ("GET", "/v1/agents/assistant/turns/t%00b", {}),
+    ("GET", "/v1/agents/assistant/sessions/a%00b", {}),
+    ("GET", "/v1/agents/assistant/sessions/a%00b/messages", {}),
+    ("DELETE", "/v1/agents/assistant/sessions/a%00b", {}),
+    ("POST", "/v1/agents/assistant/messages", {"json": {"text": "a\x00b"}}),
+    ("POST", "/v1/agents/assistant/messages", {"json": {"text": "hi", "sessionKey": "a\x00"}}),
+    ("POST", "/v1/agents/assistant/messages", {"json": {"text": "hi", "from": {"id": "u\x00"}}}),
+    (
+        "POST",
+        "/v1/agents/assistant/messages",
+        {"json": {"text": "hi", "deliver": {"channel": "c\x00", "to": "x"}}},
+    ),
+]
+
+
+@pytest.mark.asyncio
+async def test_a_nul_character_is_a_client_error(api: ApiServer) -> None:
+    wrong = []
+    async with httpx.AsyncClient(base_url=api.url) as client:
+        for method, path, request_args in NUL_REQUESTS:
+            response = await client.request(method, path, **request_args)
+            problem = envelope_problem(response.status_code, response.content)
+            if problem is not None or not 400 <= response.status_code < 500:
+                wrong.append(
+                    f"{method} {path} {request_args} -> {response.status_code} {response.text}"
+                )
+    assert wrong == [], "\n".join(wrong)
+
+
+if __name__ == "__main__":
+    print(json.dumps(run_job(json.loads(sys.argv[1]))))
