@@ -180,7 +180,7 @@ def test_a_command_postgres_refuses_fails_alone(store: EventStore) -> None:
     good = [store.submit(f"turn-n-{i}", [chunk("fine")], NO_STREAM) for i in range(10)]
     bad = store.submit("turn-nul", [chunk("nul\u0000")], NO_STREAM)
     error = bad.exception(10)
-    assert error is not None and getattr(error, "code", None) == "store_error"
+    assert error is not None and getattr(error, "code", None) == "invalid_value"
     assert all(f.result(10).version == 0 for f in good)
     assert store.append("turn-after", [chunk("still writing")]).version == 0
 
