@@ -137,7 +137,7 @@ def test_projections_rebuild_reproduces_the_live_rows(
     rebuilt = run(env, "projections", "rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "turns: rebuilt from 10 events" in rebuilt.stdout
-    assert "sessions: reset, then caught up over 10 events" in rebuilt.stdout
+    assert "sessions: rebuilt from 10 events" in rebuilt.stdout
     with connect() as conn:
         assert conn.execute("SELECT * FROM turns ORDER BY turn_id").fetchall() == live
         sessions = conn.execute("SELECT agent_id, session_key, turns FROM sessions").fetchall()

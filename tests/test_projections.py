@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -32,7 +33,20 @@ from eventstore.catalogue import (
     TurnStart,
 )
 from eventstore.event import Event
-from tests.conftest import ConnectFactory
+from tests.conftest import ConnectFactory, Servers
+
+
+@pytest.fixture
+def store(servers: Servers, schema: str) -> Iterator[EventStore]:
+    """A store that maintains `sessions` asynchronously: the node keeps every projection inline
+    today, and these tests exercise the ProjectionRunner with `sessions` as its projection."""
+    store = EventStore(servers.database_url, schema=schema,
+                       inline=[p for p in INLINE if p.name != "sessions"])  # fmt: skip
+    store.open()
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def snapshot(connect: ConnectFactory, table: str, key: str) -> list[tuple[Any, ...]]:
