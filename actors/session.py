@@ -29,6 +29,7 @@ from actors.messages import (
     TurnFinished,
 )
 from actors.turn.actor import TurnActor
+from actors.turn.context import HistoryRow
 from actors.turn.runner import TurnRunner
 from eventstore import NO_STREAM, AppendResult, Metadata, NewEvent, RecordedEvent, streams
 from eventstore.catalogue import SessionCleared, Tokens, TurnEnd, TurnStart
@@ -71,6 +72,9 @@ class SessionActor(pykka.ThreadingActor):
         self._accepted: dict[str, list[RecordedEvent]] = {}  # committed, not yet started
         self._running: tuple[str, pykka.ActorRef[Any]] | None = None
         self._runner: TurnRunner | None = None  # the running turn's runner (read-only here)
+        self._history: list[HistoryRow] | None = None
+        """The session's history as the next turn reads it, once a turn here has ended (None:
+        the next turn loads it from the messages projection)."""
         self.last_active = time.monotonic()
 
     def on_receive(self, message: Any) -> Any:
@@ -108,8 +112,10 @@ class SessionActor(pykka.ThreadingActor):
                 self._queue.extend(t for t in turn_ids if t not in self._queue)
                 self._start_next()
                 return None
-            case TurnFinished(turn_id=turn_id):
+            case TurnFinished(turn_id=turn_id, reason=reason):
                 if self._running is not None and self._running[0] == turn_id:
+                    ran = self._runner
+                    self._history = ran.history_after if ran and reason is not None else None
                     self._running = None
                     self._runner = None
                 self._start_next()
@@ -193,6 +199,7 @@ class SessionActor(pykka.ThreadingActor):
             streams.session(self._agent.id, self._session_key),
             [NewEvent(event=SessionCleared(by=clear.by), metadata=meta)],
         )
+        self._history = []
         return Cleared(session_key=self._session_key)
 
     def _stop_turn(self, stop: StopTurn) -> StopResult:
@@ -218,7 +225,7 @@ class SessionActor(pykka.ThreadingActor):
         engine = self._engine
         runner = TurnRunner(
             engine.store, self._agent, turn_id, self._session_key, engine.node_id,
-            stored=self._accepted.pop(turn_id, None),
+            stored=self._accepted.pop(turn_id, None), history=self._history,
         )  # fmt: skip
         me = self.actor_ref
         ref = engine.host.start(TurnActor, engine.portal, runner, me.tell, engine.running)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -17,6 +18,7 @@ from eventstore.catalogue import (
     TurnStart,
 )
 from eventstore.envelope import RecordedEvent
+from eventstore.event import Event, UnknownEvent
 from eventstore.projection import Projection, Statement
 
 
@@ -179,6 +181,28 @@ class SessionsProjection:
                 return []
 
 
+def history_row(event: Event | UnknownEvent) -> tuple[str, Any] | None:
+    """The history row an event adds to its session (role, content blocks), if any. The messages
+    projection stores these; a session actor that keeps its history in memory builds the same
+    rows from the same events (actors/turn/runner.py), so both give the model the same context."""
+    match event:
+        case TurnStart(input=text):
+            return ("user", {"type": "text", "text": text})
+        case ModelResult(content=content) if content:
+            return ("assistant", content)
+        case ToolResult() as result:
+            return (
+                "tool",
+                {
+                    "type": "tool_result",
+                    "tool_use_id": result.call_id,
+                    "content": result.output or "",
+                    "is_error": not result.ok,
+                },
+            )
+    return None
+
+
 class MessagesProjection:
     """Session history: the person's input, the model's messages and tool results, in order.
 
@@ -197,29 +221,14 @@ class MessagesProjection:
         meta = event.metadata
         if meta.agent_id is None or meta.session_key is None:
             return []
-        row: tuple[str, object] | None = None
-        match event.data:
-            case SessionCleared():
-                return [
-                    (
-                        "DELETE FROM messages WHERE agent_id = %s AND session_key = %s",
-                        [meta.agent_id, meta.session_key],
-                    )
-                ]
-            case TurnStart(input=text):
-                row = ("user", {"type": "text", "text": text})
-            case ModelResult(content=content) if content:
-                row = ("assistant", content)
-            case ToolResult() as result:
-                row = (
-                    "tool",
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": result.call_id,
-                        "content": result.output or "",
-                        "is_error": not result.ok,
-                    },
+        if isinstance(event.data, SessionCleared):
+            return [
+                (
+                    "DELETE FROM messages WHERE agent_id = %s AND session_key = %s",
+                    [meta.agent_id, meta.session_key],
                 )
+            ]
+        row = history_row(event.data)
         if row is None or meta.turn_id is None:
             return []
         role, content_value = row

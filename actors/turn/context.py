@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -14,16 +15,24 @@ _HISTORY = resources.files("actors.turn").joinpath("history.sql").read_text().en
 _JSON = msgspec.json.Decoder(Any)
 
 
+HistoryRow = tuple[str, Any]
+"""``(role, content)`` as the messages projection stores it (eventstore.projections.history_row)."""
+
+
 async def load_history(
     store: EventStore, agent_id: str, session_key: str, turn_id: str
-) -> list[dict[str, Any]]:
-    """The session's earlier messages, merged into alternating model messages."""
+) -> list[HistoryRow]:
+    """The rows of the session's earlier turns, from the messages projection."""
     rows = await store.afetch(
         _HISTORY, {"agent_id": agent_id, "session_key": session_key, "turn_id": turn_id}
     )
+    return [(role, _JSON.decode(content_text)) for role, content_text in rows]
+
+
+def merge(rows: Sequence[HistoryRow]) -> list[dict[str, Any]]:
+    """History rows as alternating model messages."""
     messages: list[dict[str, Any]] = []
-    for role, content_text in rows:
-        content = _JSON.decode(content_text)
+    for role, content in rows:
         blocks = content if isinstance(content, list) else [content]
         append_message(messages, "assistant" if role == "assistant" else "user", blocks)
     return messages

@@ -70,6 +70,7 @@ from eventstore.catalogue import (
     TurnEnd,
 )
 from eventstore.event import Event
+from eventstore.projections import history_row
 
 log = structlog.get_logger("dispach.turn")
 
@@ -103,8 +104,13 @@ class TurnRunner:
         session_key: str,
         node_id: str,
         stored: list[RecordedEvent] | None = None,
+        history: Sequence[context.HistoryRow] | None = None,
     ) -> None:
         self._known = stored  # the turn's events when the caller has them (a fresh turn)
+        self._history = history  # the session's earlier rows when its actor holds them
+        self._rows: list[context.HistoryRow] = []  # this turn's own rows
+        self.history_after: list[context.HistoryRow] | None = None
+        """The session's history once this turn ended (for the session actor to keep)."""
         self.store = store
         self.agent = agent
         self.turn_id = turn_id
@@ -160,20 +166,21 @@ class TurnRunner:
             return None
         self._started_at = stored[0].recorded_at
         self.state = fold(stored)
+        self._rows = [row for e in stored if (row := history_row(e.data)) is not None]
         self._sent_version = self.state.version
         if self.state.ended is not None:
             return self.state.ended
         if self.stopping():  # stopped before it began
             await self._finish(End("stopped"))
             return "stopped"
+        rows: Sequence[context.HistoryRow] | None = None
         try:
             self._stage([TurnAttempt(
                 attempt=self.state.attempt + 1, node=self.node_id,
                 resumed_from_step=self.state.steps,
             )])  # fmt: skip
-            history = await context.load_history(
-                self.store, self.agent.id, self.session_key, self.turn_id
-            )
+            rows = await self._earlier_rows()
+            history = context.merge(rows)
             elapsed = (datetime.now(UTC) - self._started_at).total_seconds()
             budget = max(0.0, self.agent.limits.turn_timeout_s - elapsed)
             try:
@@ -203,7 +210,15 @@ class TurnRunner:
             log.warning("turn_taken_over", turn=self.turn_id)
             return None
         await self._finish(end)
+        if rows is not None:
+            self.history_after = [*rows, *self._rows]
         return end.reason
+
+    async def _earlier_rows(self) -> Sequence[context.HistoryRow]:
+        """The session's history before this turn: from its actor's memory, else the log."""
+        if self._history is not None:
+            return self._history
+        return await context.load_history(self.store, self.agent.id, self.session_key, self.turn_id)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -417,6 +432,9 @@ class TurnRunner:
         for event in events:
             self.state = apply(self.state, event, version=self.state.version + 1)
             self._staged.append((event, self._step_id))
+            row = history_row(event)
+            if row is not None:
+                self._rows.append(row)
 
     def _send(self, events: Sequence[Event] = ()) -> None:
         """Submit the staged events and ``events`` as one append without waiting for it.
