@@ -93,11 +93,14 @@ class Subscription:
         """The next events, or ``[]`` when none arrived within ``timeout`` seconds."""
         while True:
             if self._catch_up:
+                overflows = self.overflows
                 page = await self._read_page()
                 if page is None:  # the store is down: the caller gets to send a heartbeat
                     await asyncio.sleep(min(timeout, self._feed.store.poll_interval))
                     return []
-                if len(page) < _PAGE:
+                if len(page) < _PAGE and self.overflows == overflows:
+                    # Caught up; unless the queue overflowed during the read, which dropped
+                    # events this page (an older snapshot) may not hold: then read again.
                     self._catch_up = False
                 if page:
                     self.last = page[-1].checkpoint
@@ -211,6 +214,11 @@ class Feed:
         else:
             self._wide.add(sub)
         try:
+            if after is None:
+                # "From now" is the head of the log, not what the tail has handed out so far:
+                # events committed before this point but not yet tailed are not the reader's.
+                with contextlib.suppress(StoreUnavailable):  # then the tail's position
+                    sub.last = max(sub.last, await self.store.ahead())
             yield sub
         finally:
             sub.close()

@@ -138,38 +138,60 @@ def turn_stream_response(
     accepted: AcceptedBody | None = None,
 ) -> Response:
     feed = feed_of(request)
-    scope = Scope(turn_id=turn_id, agent_id=agent_id, types=types, chunks=chunks)
+    # The stream ends with its turn, so it always follows turn.end, shown or not.
+    wanted = None if types is None else types | {TurnEnd.TYPE}
+    scope = Scope(turn_id=turn_id, agent_id=agent_id, types=wanted, chunks=chunks)
     start = after or Checkpoint()
+
+    def shown(event: RecordedEvent) -> bool:
+        return types is None or event.type in types
 
     async def frames() -> AsyncIterator[bytes]:
         with metrics.STREAM_SUBSCRIBERS.labels("sse_turn").track_inprogress():
             if accepted is not None:
                 yield frame("turn.accepted", _ENCODE.encode(accepted))
             async with feed.subscribe(scope, start) as sub:
-                backlog = await sub.backlog()
-                ended = next((e for e in backlog if isinstance(e.data, TurnEnd)), None)
-                if not backlog:
-                    ended = await _ended_before(feed, turn_id, start)
+                backlog, ended = await turn_backlog(feed, sub, turn_id, start)
+                visible = [e for e in backlog if shown(e)]
                 replay = Replay(
                     turn_id=turn_id,
                     state="ended" if ended else "running",
-                    events=len(backlog),
+                    events=len(visible),
                     truncated=False,
                     dropped=0,
                     chunks="start" if chunks else "none",
                     from_=after.cursor() if after else None,
-                    to=backlog[-1].checkpoint.cursor() if backlog else None,
+                    to=visible[-1].checkpoint.cursor() if visible else None,
                 )
                 yield frame("stream.replay", _ENCODE.encode(replay))
-                if ended is not None and ended not in backlog:
-                    yield _ended_frame(turn_id, ended)  # the reader resumed after turn.end
-                    return
-                async for chunk in _turn_frames(sub, turn_id, backlog):
-                    yield chunk
+                batch = backlog
+                while True:
+                    for event in batch:
+                        if shown(event):
+                            yield event_frame(event)
+                    if ended is not None:
+                        yield _ended_frame(turn_id, ended)
+                        return
+                    batch = await sub.read(HEARTBEAT_S)
+                    if not batch:
+                        yield PING
+                    ended = next((e for e in batch if isinstance(e.data, TurnEnd)), None)
 
     return StreamingResponse(
         frames(), status, headers=HEADERS, media_type="text/event-stream; charset=utf-8"
     )
+
+
+async def turn_backlog(
+    feed: Feed, sub: Subscription, turn_id: str, start: Checkpoint
+) -> tuple[list[RecordedEvent], RecordedEvent | None]:
+    """What a turn subscription replays before it goes live, and the turn's ``turn.end`` if the
+    reader will see no more (it is in the replay, or the reader resumed after it)."""
+    backlog = await sub.backlog()
+    ended = next((e for e in backlog if isinstance(e.data, TurnEnd)), None)
+    if ended is None and not backlog:
+        ended = await _ended_before(feed, turn_id, start)
+    return backlog, ended
 
 
 async def _ended_before(feed: Feed, turn_id: str, start: Checkpoint) -> RecordedEvent | None:
@@ -186,20 +208,6 @@ def _ended_frame(turn_id: str, event: RecordedEvent) -> bytes:
     assert isinstance(event.data, TurnEnd)
     end = Ended(turn_id=turn_id, status=event.data.reason, steps=event.data.steps)
     return frame("stream.ended", _ENCODE.encode(end))
-
-
-async def _turn_frames(
-    sub: Subscription, turn_id: str, batch: list[RecordedEvent]
-) -> AsyncIterator[bytes]:
-    while True:
-        for event in batch:
-            yield event_frame(event)
-            if isinstance(event.data, TurnEnd):
-                yield _ended_frame(turn_id, event)
-                return
-        batch = await sub.read(HEARTBEAT_S)
-        if not batch:
-            yield PING
 
 
 # --- the firehose ------------------------------------------------------------------------------
@@ -241,8 +249,9 @@ async def events_stream(request: Request) -> Response:
 
     async def frames() -> AsyncIterator[bytes]:
         with metrics.STREAM_SUBSCRIBERS.labels("sse_events").track_inprogress():
-            yield frame("stream.subscribed", _ENCODE.encode(subscribed))
             async with feed.subscribe(scope, after) as sub:
+                # Sent once registered: a client that acts on it misses nothing after it.
+                yield frame("stream.subscribed", _ENCODE.encode(subscribed))
                 while True:
                     batch = await sub.read(HEARTBEAT_S)
                     if not batch:

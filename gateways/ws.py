@@ -30,7 +30,7 @@ from eventstore.feed import Scope
 from gateways import ingress, metrics
 from gateways.api import ApiError, load_turn, nats_of, principal, runtime
 from gateways.auth import SUBPROTOCOL
-from gateways.sse import feed_of
+from gateways.sse import feed_of, turn_backlog
 
 log = structlog.get_logger("dispach.ws")
 
@@ -39,6 +39,8 @@ SLOW_CONSUMER = 4008
 MAX_PENDING = 1024
 """Frames that may wait for one socket before it counts as a slow consumer."""
 MAX_SUBSCRIPTIONS = 64
+REPLAY_WAIT = 10.0
+"""Seconds a replayed frame may wait for room in a socket's queue."""
 HEARTBEAT_S = 15.0
 
 
@@ -113,6 +115,17 @@ class Socket:
         try:
             self.outbox.put_nowait(frame)
         except asyncio.QueueFull:
+            self.overflowed.set()
+            raise SlowConsumer from None
+
+    async def put(self, frame: bytes) -> None:
+        """Queue a replayed frame, waiting up to :data:`REPLAY_WAIT` for room: a prompt reader
+        may replay any length of history, a reader that stops reading is a slow consumer."""
+        if self.overflowed.is_set():
+            raise SlowConsumer
+        try:
+            await asyncio.wait_for(self.outbox.put(frame), REPLAY_WAIT)
+        except TimeoutError:
             self.overflowed.set()
             raise SlowConsumer from None
 
@@ -237,7 +250,6 @@ class Socket:
                 self.error(e.code, e.message, e.hint, sub=sub_id)
                 return
             scope = Scope(turn_id=turn.turn_id, agent_id=turn.agent_id, chunks=frame.chunks)
-            after = after or Checkpoint()
         elif frame.agent_id is not None:
             if not self._sees(frame.agent_id):
                 self._no_agent(frame.agent_id, None, sub=sub_id)
@@ -253,13 +265,6 @@ class Socket:
                 sub=sub_id,
             )
             return
-        self.send(
-            "ws.subscribed",
-            sub=sub_id,
-            turnId=frame.turn_id,
-            agentId=scope.agent_id,
-            sessionKey=scope.session_key,
-        )
         task = asyncio.create_task(self._pump(sub_id, scope, after), name=f"ws-{sub_id}")
         task.add_done_callback(_log_failure)
         self.subs[sub_id] = task
@@ -267,37 +272,40 @@ class Socket:
     async def _pump(self, sub_id: str, scope: Scope, after: Checkpoint | None) -> None:
         feed = feed_of(self.ws)
         prefix = b'{"sub":' + _ENCODE.encode(sub_id) + b","
-        async with feed.subscribe(scope, after) as sub:
-            backlog = await sub.backlog()
-            self.send(
-                "stream.replay",
-                sub=sub_id,
-                events=len(backlog),
-                **{"from": after.cursor() if after else None},
-                to=backlog[-1].checkpoint.cursor() if backlog else None,
-            )
-            if self._forward(prefix, sub_id, backlog):
+        turn_id = scope.turn_id
+        # A turn is watched from its beginning; an agent or session from now, unless resumed.
+        start = after if after is not None or turn_id is None else Checkpoint()
+        async with feed.subscribe(scope, start) as sub:
+            # Confirmed once registered: whatever the client does next, it misses nothing.
+            self.send("ws.subscribed", sub=sub_id, turnId=turn_id, agentId=scope.agent_id,
+                      sessionKey=scope.session_key)  # fmt: skip
+            ended = None
+            if turn_id is not None:
+                assert start is not None
+                backlog, ended = await turn_backlog(feed, sub, turn_id, start)
+            else:
+                backlog = await sub.backlog()
+            self.send("stream.replay", sub=sub_id, events=len(backlog),
+                      **{"from": after.cursor() if after else None},
+                      to=backlog[-1].checkpoint.cursor() if backlog else None)  # fmt: skip
+            for event in backlog:  # a replay may be long: wait (boundedly) for a reader
+                await self.put(prefix + encode_wire(event)[1:])
+            if ended is not None:
+                self._ended(sub_id, ended)
                 return
             self.send("stream.live", sub=sub_id)
             while True:
-                if self._forward(prefix, sub_id, await sub.read(HEARTBEAT_S)):
-                    return
+                for event in await sub.read(HEARTBEAT_S):
+                    self.push(prefix + encode_wire(event)[1:])
+                    if turn_id is not None and isinstance(event.data, TurnEnd):
+                        self._ended(sub_id, event)
+                        return
 
-    def _forward(self, prefix: bytes, sub_id: str, events: list[RecordedEvent]) -> bool:
-        """Queue the events' frames; True when a turn subscription saw its turn end."""
-        for event in events:
-            self.push(prefix + encode_wire(event)[1:])
-            if isinstance(event.data, TurnEnd):
-                self.send(
-                    "stream.ended",
-                    sub=sub_id,
-                    turnId=event.metadata.turn_id,
-                    status=event.data.reason,
-                    steps=event.data.steps,
-                )
-                self.subs.pop(sub_id, None)
-                return True
-        return False
+    def _ended(self, sub_id: str, event: RecordedEvent) -> None:
+        assert isinstance(event.data, TurnEnd)
+        self.send("stream.ended", sub=sub_id, turnId=event.metadata.turn_id,
+                  status=event.data.reason, steps=event.data.steps)  # fmt: skip
+        self.subs.pop(sub_id, None)
 
     async def _stop(self, turn_id: str) -> None:
         try:
