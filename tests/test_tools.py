@@ -5,6 +5,7 @@ store."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -193,17 +194,15 @@ def test_tool_names_are_unique() -> None:
     assert caught.value.code == "duplicate_tool"
 
 
-def test_definitions_keep_the_declared_order_and_cannot_be_changed_by_callers() -> None:
-    registry = ToolRegistry([tool("zeta", ok), tool("alpha", ok, schema=ORDER)])
+def test_definitions_keep_the_declared_order_and_are_built_once() -> None:
+    schema = copy.deepcopy(ORDER)
+    registry = ToolRegistry([tool("zeta", ok), tool("alpha", ok, schema=schema)])
     first = registry.definitions()
     assert [d["name"] for d in first] == ["zeta", "alpha"] == registry.names
     assert first[1] == {"name": "alpha", "description": "the alpha tool", "input_schema": ORDER}
-    first[1]["input_schema"]["required"].append("oops")
-    assert registry.definitions() == [
-        {"name": "zeta", "description": "the zeta tool", "input_schema": OBJECT},
-        {"name": "alpha", "description": "the alpha tool", "input_schema": ORDER},
-    ]
-    assert ORDER["required"] == ["customer", "items"]
+    schema["required"] = ["changed after declaration"]
+    assert registry.definitions() is first  # the same bytes in every prompt, no copy per call
+    assert first[1]["input_schema"] == ORDER
     assert registry.get("alpha") is not None and registry.get("beta") is None
 
 

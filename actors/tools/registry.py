@@ -37,10 +37,12 @@ class ToolRegistry:
             self._validators[spec.name] = jsonschema.Draft202012Validator(spec.input_schema)
         # Built once, in declaration order: the tool block of every prompt is then byte-identical
         # from turn to turn, which is what lets the model provider cache the prompt prefix.
+        # A copy of each schema: a declaration changed later does not change what is sent.
         self._definitions = [
-            {"name": s.name, "description": s.description, "input_schema": s.input_schema}
+            {"name": s.name, "description": s.description,
+             "input_schema": copy.deepcopy(s.input_schema)}
             for s in self._specs.values()
-        ]
+        ]  # fmt: skip
 
     def get(self, name: str) -> ToolSpec | None:
         return self._specs.get(name)
@@ -50,8 +52,10 @@ class ToolRegistry:
         return list(self._specs)
 
     def definitions(self) -> list[dict[str, Any]]:
-        """The tools in Anthropic's format, in declaration order (a copy; mutate it freely)."""
-        return copy.deepcopy(self._definitions)
+        """The tools in Anthropic's format, in declaration order. Shared, not copied (a deep copy
+        per model call was 0.9 ms of a turn's 2.7 ms of event-loop time): read it, never mutate
+        it; a caller that needs a variant builds new dicts."""
+        return self._definitions
 
     def validate(self, name: str, args: object) -> list[str]:
         """What is wrong with a call, one ``"<path>: <message>"`` per problem; empty if nothing."""
