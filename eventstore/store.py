@@ -235,19 +235,27 @@ class EventStore:
         *,
         where: EventFilter | None = None,
         batch: int = 1000,
+        types: Sequence[str] | None = None,
     ) -> AsyncIterator[RecordedEvent]:
         """Every event after ``after``, then every new one as it commits, forever.
 
         Catch-up and live are the same loop: read a page after the last checkpoint; when the page
         is empty, wait for a commit hint or the poll interval. The caller's checkpoint is the
         ``checkpoint`` of the last event it processed; resuming from it repeats and misses nothing.
+
+        ``types`` narrows the read in Postgres (a tail of rare events then transfers and decodes
+        only those). Such a tail cannot tell an announced commit it cannot see yet from one of
+        other types, so it waits for the next hint or poll instead of looking again at once.
         """
         checkpoint = after
         backoff = _FIRST_RETRY
         while True:
             generation = self.hints.generation
             try:
-                page = await self.aread_all(checkpoint, batch)
+                if types is None:
+                    page = await self.aread_all(checkpoint, batch)
+                else:
+                    page = await self.aread_scoped(checkpoint, batch, types=types)
             except StoreUnavailable:
                 # A tail outlives a broken connection: the pool replaces it, we read again
                 # from the same checkpoint, so nothing is missed or repeated.
@@ -261,7 +269,7 @@ class EventStore:
                 backoff = _FIRST_RETRY
             if len(page) == batch:
                 continue
-            if self.hints.latest > checkpoint and backoff < self.poll_interval:
+            if types is None and self.hints.latest > checkpoint and backoff < self.poll_interval:
                 # A commit was announced that we cannot see yet: an older transaction is still
                 # open and holds the horizon back. It ends soon, usually without a hint of its
                 # own (a rollback, or another application's transaction): look again shortly.
