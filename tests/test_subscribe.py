@@ -152,3 +152,30 @@ async def test_filters_skip_without_stalling_the_checkpoint(live: LiveStore) -> 
         if len(got) == 2:
             break
     assert [e.event_id for e in got] == [e.event_id for e in wanted.events]
+
+
+@pytest.mark.asyncio
+async def test_a_tail_narrowed_to_types_sees_each_of_them_once(live: LiveStore) -> None:
+    from eventstore.catalogue import SessionCleared
+
+    store = live.store
+
+    def mixed(n: int) -> list[NewEvent]:
+        return [NewEvent(event=SessionCleared(by=str(i)) if i % 3 == 0 else ModelChunk(delta="x"))
+                for i in range(n)]  # fmt: skip
+
+    first = await store.aappend("session-a-1", mixed(6))
+    got: list[RecordedEvent] = []
+
+    async def consume() -> None:
+        async for event in store.subscribe(START, types=("session.cleared",), batch=2):
+            got.append(event)
+            if len(got) == 4:
+                return
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    second = await store.aappend("session-a-2", mixed(6))
+    await asyncio.wait_for(task, 5)
+    wanted = [e.event_id for e in first.events + second.events if e.type == "session.cleared"]
+    assert [e.event_id for e in got] == wanted
