@@ -8,7 +8,9 @@ coroutines must never be run from a thread without the loop. Everything that cro
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -102,3 +104,78 @@ class InFlight:
         """Wait for the requests being handled (new ones have stopped arriving)."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+
+
+class _LoopInbox:
+    """An actor inbox whose ``put`` (from any thread) schedules the actor's turn on the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._loop = loop
+        self._wake = wake
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        self._items.append(item)
+        self._loop.call_soon_threadsafe(self._wake)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+
+class LoopActor(pykka.Actor):
+    """A pykka actor that handles its messages on the event loop, without a thread of its own.
+
+    pykka runs an actor wherever its subclass says (``_create_actor_inbox``,
+    ``_start_actor_loop``); ``ThreadingActor`` starts a thread per actor. An actor whose work is
+    on the loop anyway (a TurnActor: its turn's coroutine runs there) would only relay between
+    that thread and the loop, at the price of a thread start and two GIL hand-offs per message.
+    This one is the same actor to everyone else (tell, ask, stop, the registry) and processes its
+    inbox in loop callbacks, one message at a time, in order. Its handlers must not block, and it
+    must never be stopped with ``block=True`` from the loop itself (that would wait on itself).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._begun = False
+        super().__init__()
+
+    def _create_actor_inbox(self) -> Any:  # type: ignore[override]  # an instance needs its loop
+        return _LoopInbox(self._loop, self._drain)
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return pykka.ThreadingFuture()
+
+    def _start_actor_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._begin)
+
+    def _begin(self) -> None:
+        self._begun = True
+        self._actor_loop_setup()
+        self._drain()
+
+    def _drain(self) -> None:
+        """Handle what is in the inbox (pykka's ``_actor_loop_running``, one pass)."""
+        if not self._begun:
+            return  # on_start runs first; _begin drains what arrived meanwhile
+        inbox = self.actor_inbox
+        while not self.actor_stopped.is_set() and not inbox.empty():
+            envelope = inbox.get()
+            try:
+                response = self._handle_receive(envelope.message)
+                if envelope.reply_to is not None:
+                    envelope.reply_to.set(response)
+            except Exception:  # noqa: BLE001 - the asker (or the failure hook) gets it
+                if envelope.reply_to is not None:
+                    envelope.reply_to.set_exception()
+                else:
+                    self._handle_failure(*sys.exc_info())
+                    try:
+                        self.on_failure(*sys.exc_info())
+                    except Exception:  # noqa: BLE001 - pykka's own policy: log it
+                        self._handle_failure(*sys.exc_info())
+        if self.actor_stopped.is_set():
+            self._actor_loop_teardown()

@@ -13,6 +13,7 @@ log = structlog.get_logger("dispach.actors")
 class ActorHost:
     def __init__(self) -> None:
         self._refs: list[pykka.ActorRef[Any]] = []
+        self._prune_at = 1024
         self.stopping = False
 
     def start(
@@ -22,6 +23,10 @@ class ActorHost:
             raise RuntimeError("the actor host is stopping; no new actors")
         ref: pykka.ActorRef[Any] = actor_class.start(*args, **kwargs)
         self._refs.append(ref)
+        if len(self._refs) >= self._prune_at:
+            # A turn starts an actor: forget the stopped ones, or the list grows by one per turn.
+            self._refs = [r for r in self._refs if r.is_alive()]
+            self._prune_at = max(1024, 2 * len(self._refs))
         return ref
 
     @property

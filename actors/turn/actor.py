@@ -12,14 +12,16 @@ from typing import Any
 import pykka
 import structlog
 
-from actors.bridge import Portal
+from actors.bridge import LoopActor, Portal
 from actors.messages import StopTurn, TurnFinished
 from actors.turn.runner import TurnRunner
 
 log = structlog.get_logger("dispach.turn")
 
 
-class TurnActor(pykka.ThreadingActor):
+class TurnActor(LoopActor):
+    """Its messages are handled on the event loop, where its turn runs (see LoopActor)."""
+
     def __init__(
         self,
         portal: Portal,
@@ -27,7 +29,7 @@ class TurnActor(pykka.ThreadingActor):
         on_finished: Callable[[TurnFinished], None],
         running: set[asyncio.Task[Any]],
     ) -> None:
-        super().__init__()
+        super().__init__(portal.loop)
         self._running = running
         self._portal = portal
         self._runner = runner
