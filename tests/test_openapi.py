@@ -12,7 +12,7 @@ Generation is derandomized (the same requests every run) and bounded (``EXAMPLES
 and mode). Every schemathesis call runs in a child process (``python -m tests.test_openapi
 JOB``), not in a thread: the server is on this event loop, and schemathesis holds the GIL for
 long stretches (Hypothesis' generation, jsonschema-rs compiling schemas), long enough to trip the
-250 ms blocking check on the server's own callbacks.
+blocking check on the server's own callbacks.
 """
 
 from __future__ import annotations
