@@ -39,7 +39,7 @@ def answer(ask: Ask, handle: Callable[[object], object]) -> None:
         ask.reply.set_exception(e)
 
 
-def refuse_pending(actor: pykka.ThreadingActor) -> None:
+def refuse_pending(actor: pykka.Actor) -> None:
     """In a stopping actor (``on_stop``): fail the asks still in its inbox with ActorDeadError,
     so their askers retry at once instead of waiting out their timeout (pykka answers only its
     own asks when an actor stops, and an :class:`Ask` travels as a plain message)."""

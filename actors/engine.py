@@ -27,7 +27,7 @@ from actors.messages import (
     StopTurn,
     Submit,
 )
-from actors.session import IDLE_FOR, Accepting, SessionActor
+from actors.session import IDLE_FOR, Accepting, Pending, SessionActor
 from eventstore import EventStore, StoreError, WrongExpectedVersion, streams
 from eventstore.catalogue import TurnStart
 
@@ -57,7 +57,8 @@ class Engine:
         self.node_id = node_id
         self.idle_seconds = idle_seconds
         self.max_sessions = max_sessions
-        """Past this many live session actors (a thread each), idle ones are passivated at once."""
+        """Past this many live session actors (each holds its session's history in memory), idle
+        ones are passivated at once."""
         self._crowded = asyncio.Event()
         self.running: set[asyncio.Task[Any]] = set()
         """Tasks of the turns running on this node (touched on the event loop only)."""
@@ -160,10 +161,14 @@ class Engine:
                            hint=f"known agents: {', '.join(sorted(self.agents))}")  # fmt: skip
         ref = self.session(clear.agent_id, clear.session_key)
         try:
-            result: Cleared | Refused = await Portal.ask(ref, clear, _ASK_TIMEOUT)
+            result: Pending | Refused = await Portal.ask(ref, clear, _ASK_TIMEOUT)
+            if isinstance(result, Refused):
+                return result
+            await asyncio.wrap_future(result.committed)
         except StoreError as e:
             return Refused(code=e.code, message=e.message, hint=e.hint)
-        return result
+        cleared: Cleared = result.answer
+        return cleared
 
     async def stop(self, stop: StopTurn) -> StopResult:
         rows = await self.store.afetch(_TURN, [stop.turn_id])
@@ -173,7 +178,15 @@ class Engine:
         if status != "running":
             return StopResult(stopping=False, state="ended")
         ref = self.session(agent_id, session_key)
-        result: StopResult = await Portal.ask(ref, stop, _ASK_TIMEOUT)
+        result: StopResult | Pending = await Portal.ask(ref, stop, _ASK_TIMEOUT)
+        if isinstance(result, Pending):
+            try:
+                await asyncio.wrap_future(result.committed)
+            except StoreError as e:  # the queued turn stays accepted; a restart runs it
+                log.warning("stop_not_stored", turn=stop.turn_id, error=e.message)
+                return StopResult(stopping=False, state="unknown")
+            answer: StopResult = result.answer
+            return answer
         return result
 
     async def drain(self, timeout: float) -> None:
@@ -200,7 +213,7 @@ class Engine:
 
     async def passivate_idle(self) -> None:
         """Stop session actors idle for longer than ``idle_seconds``, or idle at all while there
-        are more than ``max_sessions`` of them (each holds a thread; they reactivate on demand
+        are more than ``max_sessions`` of them (each holds its history; they reactivate on demand
         and hold nothing that needs a replay)."""
         while True:
             with contextlib.suppress(TimeoutError):

@@ -16,7 +16,7 @@ import pykka
 import structlog
 
 from actors import ids
-from actors.bridge import Ask, answer, refuse_pending
+from actors.bridge import Ask, LoopActor, answer, refuse_pending
 from actors.messages import (
     Accepted,
     Cleared,
@@ -61,9 +61,22 @@ class _Committed:
     """The stored turn.start, or None when the append failed."""
 
 
-class SessionActor(pykka.ThreadingActor):
+@dataclass(frozen=True)
+class Pending:
+    """An answer that holds once ``committed`` (an append the actor submitted) has: the asker
+    awaits the commit, the actor never blocks on it."""
+
+    answer: Any
+    committed: Future[AppendResult]
+
+
+class SessionActor(LoopActor):
+    """Handled on the event loop like the TurnActor (see LoopActor): a session actor only
+    decides and submits appends, it never waits for one, so it needs no thread of its own; a
+    node with ten thousand live sessions holds ten thousand small objects, not threads."""
+
     def __init__(self, engine: Engine, agent_id: str, session_key: str) -> None:
-        super().__init__()
+        super().__init__(engine.portal.loop)
         self._engine = engine
         self._agent = engine.agents[agent_id]
         self._session_key = session_key
@@ -187,7 +200,7 @@ class SessionActor(pykka.ThreadingActor):
         )
         return running or bool(self._queue)
 
-    def _clear(self, clear: ClearSession) -> Cleared | Refused:
+    def _clear(self, clear: ClearSession) -> Pending | Refused:
         if self._busy():
             return Refused(
                 code="session_busy",
@@ -195,28 +208,31 @@ class SessionActor(pykka.ThreadingActor):
                 hint="wait for its turn.end (or stop it), then clear the session",
             )
         meta = Metadata(agent_id=self._agent.id, session_key=self._session_key)
-        self._engine.store.append(
+        committed = self._engine.store.submit(
             streams.session(self._agent.id, self._session_key),
             [NewEvent(event=SessionCleared(by=clear.by), metadata=meta)],
         )
         self._history = []
-        return Cleared(session_key=self._session_key)
+        return Pending(Cleared(session_key=self._session_key), committed)
 
-    def _stop_turn(self, stop: StopTurn) -> StopResult:
+    def _stop_turn(self, stop: StopTurn) -> StopResult | Pending:
         if self._running is not None and self._running[0] == stop.turn_id:
             self._running[1].tell(stop)
             return StopResult(stopping=True, state="stopping")
         if stop.turn_id in self._queue:
             self._queue.remove(stop.turn_id)
             self._accepted.pop(stop.turn_id, None)
-            self._end_queued(stop.turn_id)
-            return StopResult(stopping=True, state="stopped")
+            # Answered once its turn.end is stored: a caller that reads the turn next sees it.
+            return Pending(StopResult(stopping=True, state="stopped"),
+                           self._end_queued(stop.turn_id))  # fmt: skip
         return StopResult(stopping=False, state="unknown")
 
-    def _end_queued(self, turn_id: str) -> None:
+    def _end_queued(self, turn_id: str) -> Future[AppendResult]:
         meta = Metadata(agent_id=self._agent.id, session_key=self._session_key, turn_id=turn_id)
         end = TurnEnd(reason="stopped", steps=0, tokens=Tokens(), duration_ms=0)
-        self._engine.store.append(streams.turn(turn_id), [NewEvent(event=end, metadata=meta)])
+        return self._engine.store.submit(
+            streams.turn(turn_id), [NewEvent(event=end, metadata=meta)]
+        )
 
     def _start_next(self) -> None:
         if self._running is not None or not self._queue or self._queue[0] in self._uncommitted:

@@ -40,8 +40,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     session_idle_seconds: float = 60.0
     """A session actor idle this long is passivated (DISPACH_SESSION_IDLE_SECONDS)."""
     max_sessions: int = 1024
-    """Live session actors (a thread each) before idle ones are passivated at once
-    (DISPACH_MAX_SESSIONS)."""
+    """Live session actors (each holding its history in memory) before idle ones are passivated
+    at once (DISPACH_MAX_SESSIONS)."""
     agents_dir: Path | None = None
     """Where agent manifests live (DISPACH_AGENTS; default: <home>/agents)."""
 

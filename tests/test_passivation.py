@@ -1,5 +1,5 @@
-"""Session actors hold a thread each: idle ones are passivated, and a crowd of sessions does not
-become a crowd of threads."""
+"""Session actors keep their history in memory: idle ones are passivated, and a crowd of sessions
+does not stay a crowd of actors (nor of threads: session and turn actors run on the event loop)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.turns import send, wait_end
 
 
 @pytest.mark.asyncio
-async def test_many_sessions_do_not_keep_a_thread_each(node_factory: NodeFactory) -> None:
+async def test_many_sessions_do_not_keep_an_actor_each(node_factory: NodeFactory) -> None:
     node = await node_factory.start(max_sessions=8, session_idle_seconds=60.0)
     before = threading.active_count()
     for i in range(40):
