@@ -8,7 +8,6 @@ answer any request.
 from __future__ import annotations
 
 import functools
-import json
 import typing
 from datetime import datetime
 from importlib import resources
@@ -30,13 +29,9 @@ from gateways.schemas import (
     AcceptedBody,
     AgentDetail,
     AgentInfo,
-    ClearedBody,
     EventsPage,
     MessageBody,
-    MessagePage,
-    SessionSummary,
     StopAnswer,
-    StoredMessage,
     TurnPage,
     TurnResource,
 )
@@ -422,114 +417,3 @@ async def turn_events(request: Request) -> Response:
         raise store_error(e) from e
     page = [to_wire(e) for e in events]
     return json_response(EventsPage(events=page, next=page[-1].cursor if page else None))
-
-
-async def list_sessions(request: Request) -> Response:
-    agent_id = agent(request).id
-    limit = int_param(request, "limit", 100, 1, MAX_PAGE, "sessions_page_invalid")
-    rows = await fetch(
-        request, "sessions", {"agent_id": agent_id, "session_key": None, "limit": limit}
-    )
-    return json_response([_session(r) for r in rows])
-
-
-async def get_session(request: Request) -> Response:
-    agent_id = agent(request).id
-    key = request.path_params["key"]
-    rows = await fetch(request, "sessions", {"agent_id": agent_id, "session_key": key, "limit": 1})
-    if not rows:
-        raise ApiError(
-            404,
-            "session_not_found",
-            f"agent {agent_id!r} has no session {key!r}",
-            "GET /v1/agents/{agent}/sessions lists them",
-            "sessionKey",
-        )
-    return json_response(_session(rows[0]))
-
-
-def _session(row: tuple[Any, ...]) -> SessionSummary:
-    agent_id, key, turns, messages, first, last, last_turn, cleared = row
-    return SessionSummary(
-        agent_id=agent_id,
-        session_key=key,
-        turns=turns,
-        messages=messages,
-        created_at=first,
-        updated_at=last,
-        last_activity_at=last,
-        last_turn_id=last_turn,
-        cleared_at=cleared,
-    )
-
-
-async def session_messages(request: Request) -> Response:
-    agent_id = agent(request).id
-    key = request.path_params["key"]
-    limit = int_param(request, "limit", 50, 1, MAX_PAGE, "messages_page_invalid")
-    raw_before = request.query_params.get("before")
-    before = None
-    if raw_before is not None:
-        before = int_param(request, "before", 0, 1, 2**62, "messages_page_invalid")
-    rows = await fetch(
-        request,
-        "messages",
-        {"agent_id": agent_id, "session_key": key, "before": before, "limit": limit},
-    )
-    messages = [stored_message(r) for r in rows]
-    return json_response(
-        MessagePage(
-            messages=messages, next_before=messages[-1].id if len(messages) == limit else None
-        )
-    )
-
-
-def stored_message(row: tuple[Any, ...]) -> StoredMessage:
-    position, key, turn_id, role, content_text, at = row
-    content = json.loads(content_text)
-    common = {"id": position, "session_key": key, "turn_id": turn_id, "created_at": at}
-    if role == "user":
-        return StoredMessage(role="user", content=content.get("text", ""), **common)
-    if role == "tool":
-        body = content.get("content", "")
-        text = body if isinstance(body, str) else json.dumps(body)
-        return StoredMessage(
-            role="tool",
-            content=text,
-            tool_call_id=content.get("tool_use_id"),
-            origin="observation",
-            is_error=bool(content.get("is_error")),
-            **common,
-        )
-    blocks = content if isinstance(content, list) else [content]
-    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
-    calls = [
-        {"id": b.get("id", ""), "name": b.get("name", "")}
-        for b in blocks
-        if b.get("type") == "tool_use"
-    ]
-    return StoredMessage(
-        role="assistant",
-        content=text,
-        tool_calls=calls or None,
-        origin="call" if calls else None,
-        **common,
-    )
-
-
-async def session(request: Request) -> Response:
-    """``/sessions/{key}`` and ``/sessions/{key}/messages``: GET reads, DELETE clears."""
-    if request.method == "DELETE":
-        return await clear_session(request)
-    if request.url.path.endswith("/messages"):
-        return await session_messages(request)
-    return await get_session(request)
-
-
-async def clear_session(request: Request) -> Response:
-    agent_id = agent(request).id
-    key = request.path_params["key"]
-    result = await ingress.clear(nats_of(request), agent_id, key, by="api")
-    if isinstance(result, Refused):
-        raise refused(result)
-    return json_response(ClearedBody(cleared=result.session_key))

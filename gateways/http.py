@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from gateways import api, openapi, sse, ws
+from gateways import api, openapi, sessions, sse, ws
 from gateways.api import ApiError, Runtime
 from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
@@ -77,9 +77,9 @@ def create_app(
         Route(turn + "/events", api.turn_events, methods=["GET"]),
         Route(turn + "/stream", sse.turn_stream, methods=["GET"]),
         Route("/v1/turns/{turn_id}", api.get_turn_any, methods=["GET"]),
-        Route(agent + "/sessions", api.list_sessions, methods=["GET"]),
-        Route(session, api.session, methods=["GET", "DELETE"]),
-        Route(session + "/messages", api.session, methods=["GET", "DELETE"]),
+        Route(agent + "/sessions", sessions.list_sessions, methods=["GET"]),
+        Route(session, sessions.session, methods=["GET", "DELETE"]),
+        Route(session + "/messages", sessions.session, methods=["GET", "DELETE"]),
         Route("/v1/events", sse.events_stream, methods=["GET"]),
         WebSocketRoute("/v1/ws", ws.websocket_endpoint),
     ]

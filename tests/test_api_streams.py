@@ -25,27 +25,13 @@ from eventstore import Checkpoint, to_wire
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes import FakeAnthropic, Reply
+from tests.test_turns_anthropic import KEY_ENV, manifest
 from tests.turns import store_of, wait_end
 
 fake_anthropic = fakes.fake_anthropic
 
-KEY_ENV = "DISPACH_TEST_ANTHROPIC_KEY"
 WORDS = "word " * 400  # 250 deltas of 8 characters, 10 ms apart: a turn streams for ~2.5 s
 OTHER = "id: other\n"  # a second agent on the offline scripted model
-
-
-def helper_manifest(fake: FakeAnthropic) -> str:
-    return f"""
-id: helper
-model:
-  provider: anthropic
-  id: claude-sonnet-5
-  base_url: {fake.url}
-  api_key_env: {KEY_ENV}
-  max_output_tokens: 1024
-instructions:
-  - You are a test agent.
-"""
 
 
 @pytest_asyncio.fixture
@@ -54,7 +40,7 @@ async def slow(
 ) -> ApiServer:
     """A node whose agent ``helper`` streams :data:`WORDS` slowly (and ``assistant`` is there)."""
     monkeypatch.setenv(KEY_ENV, "test-key")
-    api_factory.write_agent("helper", helper_manifest(fake_anthropic))
+    api_factory.write_agent("helper", manifest(fake_anthropic))
     fake_anthropic.default = Reply(text=WORDS, chunk_size=8, event_delay=0.01)
     return await api_factory.start()
 
