@@ -24,6 +24,7 @@ from gateways.api import (
     agent,
     cursor_param,
     load_turn,
+    not_ready,
     principal,
     runtime,
 )
@@ -81,13 +82,7 @@ PING = b": ping\n\n"
 def feed_of(request: HTTPConnection) -> Feed:
     feed = runtime(request).feed
     if feed is None:
-        raise ApiError(
-            503,
-            "not_ready",
-            "the node is not ready yet",
-            "retry shortly; GET /v1/ready says when",
-            headers={"Retry-After": "1"},
-        )
+        raise not_ready()
     return feed
 
 
