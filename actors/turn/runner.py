@@ -371,8 +371,13 @@ class TurnRunner:
                 TOOL_CALL_SECONDS.labels(tool=spec.name, outcome=outcome).observe(
                     o.latency_ms / 1000
                 )
-            # Results need not be durable before the next model call: sent, not awaited.
-            self._send([
+            # Results need not be durable before the next model call: staged, they share the
+            # next append (the next step's context.assembled + model.call, or turn.end) instead of
+            # costing a commit of their own; the stream's appends commit one after another, so
+            # each one saved is a commit's latency off the step. A crash before that append
+            # leaves the calls open: read-only ones run again, mutating ones are reported
+            # uncertain (their tool.call was committed before they ran), as before.
+            self._stage([
                 ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
                            bytes=o.bytes, truncated=o.truncated, output=o.output)
                 for (spec, _, call_id), o in zip(calls, outcomes, strict=True)
