@@ -120,11 +120,9 @@ class Engine:
 
     async def _keyed(self, submit: Submit, key: str) -> Submit | Accepted | Refused:
         """A keyed message with its derived turn id, or the answer if that turn exists."""
-        problem = idempotency.key_problem(key)
-        if problem is not None:
-            return Refused(code="idempotency_key_invalid", message=f"the Idempotency-Key {problem}",
-                           hint="send 1-255 printable ASCII characters, e.g. a UUID",
-                           field="Idempotency-Key")  # fmt: skip
+        invalid = idempotency.key_refused(key)
+        if invalid is not None:
+            return invalid
         turn_id = ids.keyed_turn_id(submit.agent_id, key)
         digest = idempotency.request_hash(submit.session_key, submit.text, submit.deliver)
         try:

@@ -31,6 +31,19 @@ def key_problem(key: str) -> str | None:
     return None
 
 
+def key_refused(key: str) -> Refused | None:
+    """The refusal of an invalid ``Idempotency-Key``, or None (every door and the engine use it)."""
+    problem = key_problem(key)
+    if problem is None:
+        return None
+    return Refused(
+        code="idempotency_key_invalid",
+        message=f"the Idempotency-Key {problem}",
+        hint="send 1-255 printable ASCII characters, e.g. a UUID",
+        field="Idempotency-Key",
+    )
+
+
 def request_hash(session_key: str, text: str, deliver: Deliver | None) -> str:
     """What a replay must repeat: the text, the session and the delivery target."""
     body = _ENCODE.encode([session_key, text, deliver])

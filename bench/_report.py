@@ -183,6 +183,12 @@ class RawSingle:
     p99: float
     commits: int
 
+    @staticmethod
+    def mean(before: RawSingle, after: RawSingle) -> RawSingle:
+        """The baseline of a run: the mean of the measurements before and after it."""
+        return RawSingle((before.rate + after.rate) / 2, (before.p50 + after.p50) / 2,
+                         (before.p99 + after.p99) / 2, before.commits + after.commits)  # fmt: skip
+
 
 def raw_setup(url: str, schema: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:

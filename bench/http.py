@@ -429,8 +429,7 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
 
     section("baseline again, right after: the machine is shared")
     raw2 = await asyncio.to_thread(raw_single, url, raw_schema, plan.raw_seconds, "after")
-    raw = RawSingle((raw1.rate + raw2.rate) / 2, (raw1.p50 + raw2.p50) / 2,
-                    (raw1.p99 + raw2.p99) / 2, raw1.commits + raw2.commits)  # fmt: skip
+    raw = RawSingle.mean(raw1, raw2)
     if not keep:
         await asyncio.to_thread(drop_schemas, url, (schema, raw_schema))
     shutil.rmtree(root, ignore_errors=True)

@@ -824,9 +824,8 @@ def result_lines(
     runs: dict[tuple[str, int], Run], analyses: dict[tuple[str, int], Analysis],
     raw1: RawSingle, raw2: RawSingle,
 ) -> list[Line]:  # fmt: skip
-    base_rate = (raw1.rate + raw2.rate) / 2
-    base_p50 = (raw1.p50 + raw2.p50) / 2
-    base_p99 = (raw1.p99 + raw2.p99) / 2
+    base = RawSingle.mean(raw1, raw2)
+    base_rate, base_p50, base_p99 = base.rate, base.p50, base.p99
     lines: list[Line] = []
     for phase in PHASES:
         best = max(runs[(phase.key, s)].rate for s in CONCURRENCY)
@@ -924,10 +923,9 @@ async def bench(
 
         section("baseline again, right after: the machine is shared")
         raw2 = await asyncio.to_thread(raw_single, url, raw_schema, plan.raw_seconds, "after")
-        print(
-            f"baseline: mean of before and after = {rate((raw1.rate + raw2.rate) / 2)}, "
-            f"p50 {ms((raw1.p50 + raw2.p50) / 2)}, p99 {ms((raw1.p99 + raw2.p99) / 2)}"
-        )
+        base = RawSingle.mean(raw1, raw2)
+        print(f"baseline: mean of before and after = {rate(base.rate)}, "
+              f"p50 {ms(base.p50)}, p99 {ms(base.p99)}")  # fmt: skip
 
         section("per turn, from the turns' own events")
         analyses: dict[tuple[str, int], Analysis] = {}

@@ -142,19 +142,24 @@ def not_ready() -> ApiError:
     )
 
 
-def agent(request: Request) -> AgentDetail:
-    """The path's agent, if the caller may see it (else 404, as if it did not exist)."""
-    agent_id = request.path_params["agent"]
-    found = runtime(request).agent_details().get(agent_id)
-    if found is None or not principal(request).sees(agent_id):
+def visible_agent(conn: HTTPConnection, agent_id: str, field: str) -> AgentDetail:
+    """The agent, if the caller may see it (else 404 ``agent_not_found``, as if it did not
+    exist: a scoped token learns nothing about other agents)."""
+    found = runtime(conn).agent_details().get(agent_id)
+    if found is None or not principal(conn).sees(agent_id):
         raise ApiError(
             404,
             "agent_not_found",
             f"no agent {agent_id!r}",
             "GET /v1/agents lists the agents you can reach",
-            "agent",
+            field,
         )
     return found
+
+
+def agent(request: Request) -> AgentDetail:
+    """The path's agent (see :func:`visible_agent`)."""
+    return visible_agent(request, request.path_params["agent"], "agent")
 
 
 async def read_body(request: Request, max_bytes: int = 1_000_000) -> bytes:

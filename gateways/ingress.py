@@ -140,12 +140,7 @@ def check(message: IngressMessage) -> Refused | None:
                        hint=f"use 1 to {MAX_SESSION_KEY} characters, e.g. 'api:default'",
                        field="sessionKey")  # fmt: skip
     if message.idempotency_key is not None:
-        problem = idempotency.key_problem(message.idempotency_key)
-        if problem is not None:
-            return Refused(code="idempotency_key_invalid",
-                           message=f"the Idempotency-Key {problem}",
-                           hint="send 1-255 printable ASCII characters, e.g. a UUID",
-                           field="Idempotency-Key")  # fmt: skip
+        return idempotency.key_refused(message.idempotency_key)
     return None
 
 

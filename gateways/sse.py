@@ -27,6 +27,7 @@ from gateways.api import (
     not_ready,
     principal,
     runtime,
+    visible_agent,
 )
 from gateways.schemas import AcceptedBody
 
@@ -214,16 +215,8 @@ async def events_stream(request: Request) -> Response:
     feed = feed_of(request)
     who = principal(request)
     agent_id = request.query_params.get("agentId") or None
-    if agent_id is not None and (
-        agent_id not in runtime(request).agent_details() or not who.sees(agent_id)
-    ):
-        raise ApiError(
-            404,
-            "agent_not_found",
-            f"no agent {agent_id!r}",
-            "GET /v1/agents lists the agents you can reach",
-            "agentId",
-        )
+    if agent_id is not None:
+        visible_agent(request, agent_id, "agentId")
     types = types_param(request)
     chunks = flag(request, "chunks") or (types is not None and CHUNK in types)
     after = cursor_param(request)

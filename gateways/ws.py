@@ -28,7 +28,7 @@ from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
 from eventstore.catalogue import Deliver, TurnEnd
 from eventstore.feed import Scope
 from gateways import ingress, metrics
-from gateways.api import ApiError, load_turn, nats_of, principal, runtime
+from gateways.api import ApiError, load_turn, nats_of, runtime, visible_agent
 from gateways.auth import SUBPROTOCOL
 from gateways.sse import feed_of, turn_backlog
 
@@ -191,8 +191,7 @@ class Socket:
                 ref=frame.ref,
             )
             return
-        if not self._sees(agent_id):
-            self._no_agent(agent_id, frame.ref)
+        if self._refuses_agent(agent_id, ref=frame.ref):
             return
         message = ingress.IngressMessage(
             text=frame.text,
@@ -251,8 +250,7 @@ class Socket:
                 return
             scope = Scope(turn_id=turn.turn_id, agent_id=turn.agent_id, chunks=frame.chunks)
         elif frame.agent_id is not None:
-            if not self._sees(frame.agent_id):
-                self._no_agent(frame.agent_id, None, sub=sub_id)
+            if self._refuses_agent(frame.agent_id, ref=None, sub=sub_id):
                 return
             scope = Scope(
                 agent_id=frame.agent_id, session_key=frame.session_key, chunks=frame.chunks
@@ -319,17 +317,15 @@ class Socket:
             found = reply.stop is not None and reply.stop.stopping
         self.send("ws.stopping", turnId=turn_id, found=found)
 
-    def _sees(self, agent_id: str) -> bool:
-        return agent_id in runtime(self.ws).agent_details() and principal(self.ws).sees(agent_id)
-
-    def _no_agent(self, agent_id: str, ref: str | None, **extra: Any) -> None:
-        self.error(
-            "agent_not_found",
-            f"no agent {agent_id!r}",
-            "GET /v1/agents lists the agents you can reach",
-            ref=ref,
-            **extra,
-        )
+    def _refuses_agent(self, agent_id: str, **extra: Any) -> bool:
+        """Send ``agent_not_found`` (as the HTTP routes answer it) unless the caller may see
+        the agent; True when it was refused."""
+        try:
+            visible_agent(self.ws, agent_id, "agentId")
+        except ApiError as e:
+            self.error(e.code, e.message, e.hint, **extra)
+            return True
+        return False
 
 
 async def websocket_endpoint(ws: WebSocket) -> None:
