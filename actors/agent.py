@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from actors.model import Model
+from actors.outbox import Channel
+from actors.schedule.plan import ScheduleSpec
 from actors.tools import ToolRegistry
 from actors.turn.core import Limits
 
@@ -24,3 +27,7 @@ class Agent:
     tools: ToolRegistry
     limits: Limits
     concurrency: Concurrency = "queue"
+    channels: Mapping[str, Channel] = field(default_factory=dict)
+    """The agent's delivery channels by id (Telegram, webhook)."""
+    schedules: tuple[ScheduleSpec, ...] = ()
+    """Schedules the manifest declares (reconciled into the log at start)."""

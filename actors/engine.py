@@ -90,6 +90,16 @@ class Engine:
                 hint=f"known agents: {', '.join(sorted(self.agents))}",
                 field="agentId",
             )
+        if submit.deliver is not None:
+            channels = self.agents[submit.agent_id].channels
+            if submit.deliver.channel not in channels:
+                return Refused(
+                    code="deliver_invalid",
+                    message=f"agent {submit.agent_id!r} has no channel {submit.deliver.channel!r}",
+                    hint=f"channels of this agent: {', '.join(sorted(channels)) or 'none'}; "
+                    "declare one under channels: in its manifest, or leave deliver out",
+                    field="deliver.channel",
+                )
         if submit.idempotency_key is not None:
             keyed = await self._keyed(submit, submit.idempotency_key)
             if not isinstance(keyed, Submit):

@@ -6,6 +6,7 @@ from typing import Literal
 
 import msgspec
 
+from actors.schedule.plan import ScheduleSpec
 from eventstore.catalogue import Deliver, Sender
 
 Policy = Literal["queue", "reject", "interrupt"]
@@ -82,3 +83,26 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     stop: StopResult | None = None
     cleared: Cleared | None = None
     error: Refused | None = None
+
+
+class DefineSchedule(msgspec.Struct, frozen=True, kw_only=True):
+    """Create (``expected`` = NO_STREAM) or replace a schedule; answered with a future of the
+    append (see actors/schedule/actor.py)."""
+
+    agent_id: str
+    spec: ScheduleSpec
+    owner: Literal["manifest", "api"]
+    expected: int
+
+
+class RemoveSchedule(msgspec.Struct, frozen=True, kw_only=True):
+    agent_id: str
+    schedule_id: str
+    expected: int
+
+
+class RunSchedule(msgspec.Struct, frozen=True, kw_only=True):
+    """Fire a schedule now, out of band; answered with a future of Accepted | Refused."""
+
+    agent_id: str
+    schedule_id: str

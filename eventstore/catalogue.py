@@ -7,7 +7,7 @@ Field names are snake_case here and camelCase on the wire (``rename="camel"``).
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import msgspec
 
@@ -30,9 +30,13 @@ class Tokens(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     cache_write: int = 0
 
 
-class Deliver(msgspec.Struct, frozen=True, kw_only=True):
+class Deliver(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a turn's reply goes: a channel of the agent and a recipient on it (a Telegram chat
+    id, a webhook's label), plus a thread where the channel has them (a forum topic)."""
+
     channel: str
     to: str
+    thread: str | None = None
 
 
 class Sender(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -227,6 +231,12 @@ class TurnEnd(Event, frozen=True):
 
 
 class DeliveryEnqueued(Event, frozen=True):
+    """One chunk of a reply promised to a channel: appended to the turn's stream in the same
+    transaction as its ``turn.end``, so a reply is never lost between the two. ``key`` is the
+    outbox item's id, derived from (agent, session, turn, channel, recipient, chunk): enqueueing
+    the same reply again names the same items. Later events of the item are in
+    ``outbox-<key>``."""
+
     TYPE: ClassVar[str] = "delivery.enqueued"
     channel_id: str
     to: str
@@ -234,6 +244,7 @@ class DeliveryEnqueued(Event, frozen=True):
     chunk_index: int
     chunk_total: int
     text: str
+    thread: str | None = None
 
 
 class DeliveryAttempted(Event, frozen=True):
@@ -244,6 +255,7 @@ class DeliveryAttempted(Event, frozen=True):
     chunk_index: int
     chunk_total: int
     attempt: int
+    node: str = ""
 
 
 class DeliverySent(Event, frozen=True):
@@ -263,6 +275,7 @@ class DeliveryRetry(Event, frozen=True):
     attempts: int
     delay_ms: int
     error: str
+    code: str = ""
 
 
 class DeliveryFailed(Event, frozen=True):
@@ -274,6 +287,7 @@ class DeliveryFailed(Event, frozen=True):
     exhausted: bool
     abandoned: int
     error: str
+    code: str = ""
 
 
 class DeliveryUncertain(Event, frozen=True):
@@ -283,9 +297,26 @@ class DeliveryUncertain(Event, frozen=True):
     chunk_total: int
     attempts: int
     idempotent_send: bool
+    resend: bool = True
+    """False when the channel says ``on_uncertain: skip``: the item is settled as uncertain."""
 
 
 # --- schedules (stream schedule-<agentId>-<scheduleId>) and sessions ---------------------------
+
+
+class ScheduleDefined(Event, frozen=True):
+    """A schedule was created or replaced (``spec`` is its whole definition, camelCase as the
+    API takes it); ``owner`` is ``manifest`` or ``api``."""
+
+    TYPE: ClassVar[str] = "schedule.defined"
+    schedule_id: str
+    spec: dict[str, Any]
+    owner: Literal["manifest", "api"]
+
+
+class ScheduleRemoved(Event, frozen=True):
+    TYPE: ClassVar[str] = "schedule.removed"
+    schedule_id: str
 
 
 class ScheduleFired(Event, frozen=True):
@@ -295,6 +326,9 @@ class ScheduleFired(Event, frozen=True):
     drift_ms: int
     late: bool = False
     due: str = ""
+    turn_id: str | None = None
+    session_key: str | None = None
+    manual: bool = False
 
 
 class ScheduleSkipped(Event, frozen=True):
@@ -304,6 +338,25 @@ class ScheduleSkipped(Event, frozen=True):
     reason: str
     missed: int
     missed_at_least: bool = False
+    up_to: str = ""
+    """The last skipped due time (ISO 8601): the scheduler goes on after it."""
+
+
+# --- channels (stream channel-<agentId>-<channelId>) ---------------------------------------------
+
+
+class ChannelRejected(Event, frozen=True):
+    """An inbound channel message that did not become a turn: a duplicate (the provider sent the
+    same update again), a sender not on the allow-list, or something the channel cannot take."""
+
+    TYPE: ClassVar[str] = "channel.rejected"
+    channel_id: str
+    reason: Literal["duplicate", "denied", "unsupported", "refused"]
+    message: str
+    hint: str = ""
+    update_id: str | None = None
+    sender_id: str | None = None
+    turn_id: str | None = None
 
 
 class SessionCleared(Event, frozen=True):
@@ -346,8 +399,11 @@ register(
     DeliveryRetry,
     DeliveryFailed,
     DeliveryUncertain,
+    ScheduleDefined,
+    ScheduleRemoved,
     ScheduleFired,
     ScheduleSkipped,
+    ChannelRejected,
     SessionCleared,
     SessionNote,
 )

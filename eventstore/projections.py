@@ -19,7 +19,9 @@ from eventstore.catalogue import (
 )
 from eventstore.envelope import RecordedEvent
 from eventstore.event import Event, UnknownEvent
+from eventstore.outbox import OutboxProjection
 from eventstore.projection import Projection, Statement
+from eventstore.schedules import SchedulesProjection
 
 
 class TurnsProjection:
@@ -243,7 +245,13 @@ class MessagesProjection:
         ]  # fmt: skip
 
 
-INLINE: tuple[Projection, ...] = (TurnsProjection(), MessagesProjection(), SessionsProjection())
+INLINE: tuple[Projection, ...] = (
+    TurnsProjection(),
+    MessagesProjection(),
+    SessionsProjection(),
+    OutboxProjection(),
+    SchedulesProjection(),
+)
 # Projections nobody reads right after a write run asynchronously (ProjectionRunner). `sessions`
 # was one, but a runner costs the event loop a read and a checkpoint commit per wake-up, measured
 # at 0.9 ms of the loop's 3.3 ms per turn (bench/turns.py profile), while inline it is one more

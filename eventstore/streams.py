@@ -23,3 +23,7 @@ def outbox(item_id: str) -> str:
 
 def schedule(agent_id: str, schedule_id: str) -> str:
     return f"schedule-{agent_id}-{schedule_id}"
+
+
+def channel(agent_id: str, channel_id: str) -> str:
+    return f"channel-{agent_id}-{channel_id}"

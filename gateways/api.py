@@ -47,12 +47,18 @@ class Runtime(Protocol):
     store: EventStore | None
     nc: nats.aio.client.Client | None
     feed: Feed | None
+    scheduler: Any
+    """The scheduler actor's ref (None until the node is ready)."""
 
     def uptime_ms(self) -> int: ...
 
     def readiness(self) -> tuple[bool, str, dict[str, bool]]: ...
 
     def agent_details(self) -> dict[str, AgentDetail]: ...
+
+    def channel(self, agent_id: str, channel_id: str) -> object | None:
+        """An agent's channel (for inbound webhooks), if it has that one."""
+        ...
 
 
 class ApiError(Exception):

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateways.errors import ErrorBody, ErrorEnvelope
 
 OPEN_PATHS = frozenset({"/v1/health", "/v1/ready", "/v1/openapi.json"})
+WEBHOOK_PREFIX = "/v1/channels/"
 SUBPROTOCOL = "dispach.bearer"
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 _ENCODE = msgspec.json.Encoder()
@@ -122,7 +123,7 @@ class Guard:
             )
             return
         principal = self.tokens.principal(_presented(scope, headers))
-        if principal is None and scope["path"] not in OPEN_PATHS:
+        if principal is None and not _open(scope["path"]):
             await _deny(
                 scope,
                 send,
@@ -135,6 +136,12 @@ class Guard:
             return
         scope.setdefault("state", {})["principal"] = principal or EVERYONE
         await self.app(scope, receive, send)
+
+
+def _open(path: str) -> bool:
+    """Paths anyone may call: health, readiness, the API document, and providers' webhooks
+    (each channel checks its provider's own secret)."""
+    return path in OPEN_PATHS or path.startswith(WEBHOOK_PREFIX)
 
 
 def _presented(scope: Scope, headers: Headers) -> str | None:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from gateways import api, openapi, sessions, sse, ws
+from gateways import api, hooks, openapi, schedules, sessions, sse, ws
 from gateways.api import ApiError, Runtime
 from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
@@ -63,6 +63,7 @@ def create_app(
     agent = "/v1/agents/{agent}"
     turn = agent + "/turns/{turn_id}"
     session = agent + "/sessions/{key}"
+    schedule = agent + "/schedules/{schedule}"
     routes = [
         Route("/v1/health", health, methods=["GET"]),
         Route("/v1/ready", ready, methods=["GET"]),
@@ -81,6 +82,13 @@ def create_app(
         Route(session, sessions.session, methods=["GET", "DELETE"]),
         Route(session + "/messages", sessions.session, methods=["GET", "DELETE"]),
         Route("/v1/events", sse.events_stream, methods=["GET"]),
+        Route(agent + "/schedules", schedules.list_schedules, methods=["GET"]),
+        Route(agent + "/schedules", schedules.create_schedule, methods=["POST"]),
+        Route(schedule, schedules.get_schedule, methods=["GET"]),
+        Route(schedule, schedules.replace_schedule, methods=["PUT", "PATCH"]),
+        Route(schedule, schedules.delete_schedule, methods=["DELETE"]),
+        Route(schedule + "/run", schedules.run_schedule, methods=["POST"]),
+        Route("/v1/channels/{channel}/webhook/{agent}", hooks.channel_webhook, methods=["POST"]),
         WebSocketRoute("/v1/ws", ws.websocket_endpoint),
     ]
 

@@ -42,6 +42,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     max_sessions: int = 1024
     """Live session actors (each holding its history in memory) before idle ones are passivated
     at once (DISPACH_MAX_SESSIONS)."""
+    outbox_poll_seconds: float = 1.0
+    """How often the outbox looks for due items when nothing woke it (DISPACH_OUTBOX_POLL_MS)."""
     agents_dir: Path | None = None
     """Where agent manifests live (DISPACH_AGENTS; default: <home>/agents)."""
 
@@ -87,6 +89,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "drain_seconds": float(_int(env, "DISPACH_DRAIN_SECONDS", 10)),
         "session_idle_seconds": float(_int(env, "DISPACH_SESSION_IDLE_SECONDS", 60)),
         "max_sessions": _int(env, "DISPACH_MAX_SESSIONS", 1024),
+        "outbox_poll_seconds": _int(env, "DISPACH_OUTBOX_POLL_MS", 1000) / 1000,
         "agents_dir": Path(env["DISPACH_AGENTS"]).expanduser()
         if env.get("DISPACH_AGENTS")
         else None,

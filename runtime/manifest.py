@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Collection
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,9 +20,14 @@ import yaml
 
 from actors.agent import Agent
 from actors.model import Model
+from actors.outbox import Channel
+from actors.schedule.plan import ScheduleSpec, problems
 from actors.tools import BUILTINS, ToolRegistry, ToolSpec, load_custom
 from actors.turn.core import Limits
+from eventstore.catalogue import Deliver, ErrorDetail
 from eventstore.errors import DispachError
+from gateways.channels import ChannelConfig
+from gateways.channels import build as build_channel
 from gateways.model import AnthropicModel, ScriptedModel, ScriptRule
 
 log = structlog.get_logger("dispach.agents")
@@ -81,6 +88,8 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     tools: list[str | ToolConfig] = msgspec.field(default_factory=list)
     limits: LimitsConfig = LimitsConfig()
     session: SessionConfig = SessionConfig()
+    channels: list[ChannelConfig] = msgspec.field(default_factory=list)
+    schedules: list[ScheduleSpec] = msgspec.field(default_factory=list)
 
 
 DEFAULT = Manifest(
@@ -163,9 +172,52 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
             max_tool_output_chars=limits.max_tool_output_chars,
         ),
         concurrency=manifest.session.concurrency,
+        channels=_channels(manifest, env),
+        schedules=tuple(manifest.schedules),
     )
-    log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names)
+    check_schedules(manifest, agent.channels)
+    log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,
+             channels=sorted(agent.channels))  # fmt: skip
     return agent
+
+
+def check_schedules(manifest: Manifest, channels: Collection[str]) -> None:
+    """Schedules are validated when they are written: for a manifest, at load."""
+    seen: set[str] = set()
+    now = datetime.now(UTC)
+    for index, spec in enumerate(manifest.schedules):
+        problem = problems(spec, now=now)
+        if problem is None and spec.id in seen:
+            problem = ErrorDetail(code="schedule_invalid", field="id",
+                                  message=f"schedule id {spec.id!r} is declared twice",
+                                  hint="give each schedule of an agent its own id")  # fmt: skip
+        deliver = spec.deliver
+        if problem is None and isinstance(deliver, Deliver) and deliver.channel not in channels:
+            known = ", ".join(sorted(channels)) or "none"
+            problem = ErrorDetail(code="deliver_invalid", field="deliver.channel",
+                                  message=f"no channel {deliver.channel!r} on this agent",
+                                  hint=f"channels of this agent: {known}")  # fmt: skip
+        if problem is not None:
+            raise ManifestError(
+                f"agent {manifest.id!r}, schedule {spec.id!r}: {problem.message}",
+                problem.hint,
+                field=f"schedules[{index}].{problem.field}" if problem.field else "schedules",
+            )
+        seen.add(spec.id)
+
+
+def _channels(manifest: Manifest, env: dict[str, str]) -> dict[str, Channel]:
+    channels: dict[str, Channel] = {}
+    for config in manifest.channels:
+        if config.id in channels:
+            raise ManifestError(
+                f"agent {manifest.id!r} declares channel {config.id!r} twice",
+                "give each channel of an agent its own id",
+                field="channels",
+            )
+        if config.enabled:
+            channels[config.id] = build_channel(manifest.id, config, env)
+    return channels
 
 
 def _model(manifest: Manifest, env: dict[str, str]) -> Model:

@@ -14,14 +14,20 @@ import msgspec
 import nats
 import nats.aio.client
 import nats.errors
+import pykka
 import structlog
 import uvicorn
 
 from actors import ActorHost, Portal
 from actors.agent import Agent
 from actors.engine import Engine
+from actors.inbox import ChannelHost
+from actors.outbox import Channel
+from actors.outbox.actor import DRAIN, KICK, OutboxActor
 from actors.router import Router
+from actors.schedule.actor import SchedulerActor
 from eventstore import ASYNC, INLINE, EventStore, NatsHints, ProjectionRunner, RecordedEvent
+from eventstore.catalogue import DeliveryEnqueued
 from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from gateways import create_app
@@ -53,6 +59,8 @@ class Node:
         self._router: Router | None = None
         self._ingress: Ingress | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._outbox: pykka.ActorRef[Any] | None = None
+        self.scheduler: pykka.ActorRef[Any] | None = None
         self._phase = "starting"
         self._started = time.monotonic()
 
@@ -60,6 +68,10 @@ class Node:
 
     def agent_details(self) -> dict[str, AgentDetail]:
         return self._details
+
+    def channel(self, agent_id: str, channel_id: str) -> Channel | None:
+        agent = self.agents.get(agent_id)
+        return agent.channels.get(channel_id) if agent is not None else None
 
     def uptime_ms(self) -> int:
         return int((time.monotonic() - self._started) * 1000)
@@ -135,6 +147,16 @@ class Node:
         await self._ingress.start()
         resumed = await self.engine.resume_unfinished()
         self._tasks.append(asyncio.create_task(self.engine.passivate_idle(), name="passivate"))
+        # The outbox recovers in-doubt items before it sends anything; channels take messages
+        # in only once the node can accept them.
+        self._outbox = self.actors.start(
+            OutboxActor, self._portal, store, self.channel, self.node_id,
+            poll_s=self.settings.outbox_poll_seconds,
+        )  # fmt: skip
+        self.scheduler = self.actors.start(SchedulerActor, self.engine)
+        for agent in self.agents.values():
+            for channel in agent.channels.values():
+                await channel.start(ChannelHost(self.engine, agent.id))
         self._phase = "ready"
         log.info(
             "node_ready",
@@ -158,6 +180,9 @@ class Node:
         # Runs on the writer thread, right after a commit: hand the hint to the loop.
         if self._portal is not None and self._hints is not None:
             self._portal.spawn(self._announce(committed))
+        outbox = self._outbox
+        if outbox is not None and any(e.type == DeliveryEnqueued.TYPE for e in committed):
+            outbox.tell(KICK)  # a reply was promised: send it now, not at the next poll
 
     async def _announce(self, committed: Sequence[RecordedEvent]) -> None:
         """Wake this node's readers, then tell the other nodes."""
@@ -175,12 +200,15 @@ class Node:
             await self._ingress.stop()
         if self._router is not None:
             await self._router.stop()
+        await self._stop_delivery(timeout)
         if self.engine is not None:
             await self.engine.drain(timeout)  # stops the actors and waits for the turns
         else:
             await asyncio.to_thread(self.actors.stop, timeout)
         for agent in self.agents.values():
             await agent.model.aclose()
+            for channel in agent.channels.values():
+                await channel.aclose()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -203,6 +231,18 @@ class Node:
         await asyncio.to_thread(self.services.stop)
         self._phase = "stopped"
         log.info("node_stopped", node=self.node_id)
+
+    async def _stop_delivery(self, timeout: float) -> None:
+        """Channels stop taking messages in; the outbox starts no more sends and lets those in
+        flight finish (and be recorded), so a clean stop leaves no item in doubt. What does not
+        finish in time is flagged uncertain at the next start."""
+        for agent in self.agents.values():
+            for channel in agent.channels.values():
+                await channel.stop()
+        if self._outbox is not None:
+            with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
+                settled = await Portal.ask(self._outbox, DRAIN, timeout)
+                await asyncio.wait_for(asyncio.wrap_future(settled), timeout)
 
 
 class _Server(uvicorn.Server):

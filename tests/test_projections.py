@@ -188,4 +188,102 @@ async def test_two_runners_apply_each_batch_once(
 
 def test_every_projection_is_inline_or_async_once() -> None:
     names = [p.name for p in (*INLINE, *ASYNC)]
-    assert sorted(names) == sorted(set(names)) == ["messages", "sessions", "turns"]
+    assert sorted(names) == sorted(set(names)) == ["messages", "outbox", "schedules", "sessions",
+                                                   "turns"]  # fmt: skip
+
+
+def an_outbox_item(rng: random.Random, n: int) -> list[tuple[str, int, NewEvent]]:
+    """``(stream, expected version, event)`` of one reply's chunks and their delivery lives."""
+    from actors.outbox.plan import item_key
+    from eventstore.catalogue import (
+        Deliver,
+        DeliveryAttempted,
+        DeliveryEnqueued,
+        DeliveryFailed,
+        DeliveryRetry,
+        DeliverySent,
+        DeliveryUncertain,
+    )
+
+    turn_id = f"t_o{n}"
+    meta = Metadata(agent_id="a", session_key=f"s{n % 3}", turn_id=turn_id)
+    target = Deliver(channel="hooks", to=f"r{n % 2}")
+    total = rng.randint(1, 3)
+    keys = [item_key("a", meta.session_key or "", turn_id, target, i) for i in range(total)]
+    out: list[tuple[str, int, NewEvent]] = [
+        (f"turn-{turn_id}", -2, NewEvent(event=DeliveryEnqueued(
+            channel_id="hooks", to=target.to, key=key, chunk_index=i, chunk_total=total,
+            text=f"chunk {i}"), metadata=meta))
+        for i, key in enumerate(keys)
+    ]  # fmt: skip
+    for i, key in enumerate(keys):
+        stream, version, attempts = f"outbox-{key}", -1, 0
+        while True:
+            attempts += 1
+            out.append((stream, version, NewEvent(event=DeliveryAttempted(
+                channel_id="hooks", chunk_index=i, chunk_total=total, attempt=attempts),
+                metadata=meta)))  # fmt: skip
+            version += 1
+            roll = rng.random()
+            if roll < 0.2:
+                out.append((stream, version, NewEvent(event=DeliveryRetry(
+                    channel_id="hooks", chunk_index=i, attempts=attempts, delay_ms=1500,
+                    error="busy", code="delivery_http_503"), metadata=meta)))  # fmt: skip
+                version += 1
+                continue
+            if roll < 0.3:
+                out.append((stream, version, NewEvent(event=DeliveryUncertain(
+                    channel_id="hooks", chunk_index=i, chunk_total=total, attempts=attempts,
+                    idempotent_send=True, resend=rng.random() < 0.5), metadata=meta)))  # fmt: skip
+                return out
+            if roll < 0.4:
+                out.append((stream, version, NewEvent(event=DeliveryFailed(
+                    channel_id="hooks", chunk_index=i, chunk_total=total, attempts=attempts,
+                    exhausted=False, abandoned=total - i - 1, error="no", code="x"),
+                    metadata=meta)))  # fmt: skip
+                return out
+            out.append((stream, version, NewEvent(event=DeliverySent(
+                channel_id="hooks", chunk_index=i, chunk_total=total, attempts=attempts,
+                provider_message_id=f"m{n}.{i}"), metadata=meta)))  # fmt: skip
+            break
+    return out
+
+
+@pytest.mark.asyncio
+async def test_the_outbox_and_schedules_rebuilt_equal_the_live_ones(
+    store: EventStore, connect: ConnectFactory
+) -> None:
+    from eventstore.catalogue import ScheduleDefined, ScheduleFired, ScheduleRemoved
+    from eventstore.outbox import OutboxProjection
+    from eventstore.schedules import SchedulesProjection
+
+    seed = int(os.environ.get("DISPACH_SEED") or random.randrange(2**32))
+    print(f"DISPACH_SEED={seed}")
+    rng = random.Random(seed)
+    for n in range(40):
+        for stream, expected, event in an_outbox_item(rng, n):
+            await store.aappend(stream, [event], expected)
+    meta = Metadata(agent_id="a")
+    for n in range(6):
+        stream = f"schedule-a-s{n}"
+        spec = {"id": f"s{n}", "kind": "every", "expr": "1h", "task": "t", "deliver": "none"}
+        events: list[Event] = [ScheduleDefined(schedule_id=f"s{n}", spec=spec, owner="api")]
+        events += [ScheduleFired(schedule_id=f"s{n}", kind="every", drift_ms=3,
+                                 due=f"2026-11-30T0{k}:00:00+00:00", turn_id=f"t_{k}")
+                   for k in range(rng.randint(0, 3))]  # fmt: skip
+        if rng.random() < 0.3:
+            events.append(ScheduleRemoved(schedule_id=f"s{n}"))
+        await store.aappend(stream, [NewEvent(event=e, metadata=meta) for e in events])
+    live_outbox = snapshot(connect, "outbox", "item_id")
+    live_schedules = snapshot(connect, "schedules", "agent_id, schedule_id")
+    assert len(live_outbox) >= 40 and live_schedules
+
+    def rebuild_both() -> None:
+        with store.pool.connection() as conn:
+            rebuild(conn, OutboxProjection(), inline=True)
+            rebuild(conn, SchedulesProjection(), inline=True)
+
+    await asyncio.to_thread(rebuild_both)
+    assert snapshot(connect, "outbox", "item_id") == live_outbox, f"DISPACH_SEED={seed}"
+    assert snapshot(connect, "schedules", "agent_id, schedule_id") == live_schedules
+    await store.apool.close()

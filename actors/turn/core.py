@@ -13,6 +13,7 @@ import msgspec
 
 from eventstore import RecordedEvent
 from eventstore.catalogue import (
+    Deliver,
     EndReason,
     ErrorDetail,
     ModelResult,
@@ -49,6 +50,8 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     version: int = -1
     input: str = ""
     source: str = ""
+    deliver: Deliver | None = None
+    """Where the reply goes when the turn ends (the outbox), if anywhere."""
     started: bool = False
     attempt: int = 0
     steps: int = 0
@@ -82,8 +85,9 @@ def apply(
     replace = msgspec.structs.replace
     state = replace(state, version=version)
     match data:
-        case TurnStart(input=text, source=source):
-            return replace(state, turn_id=turn_id or "", input=text, source=source, started=True)
+        case TurnStart(input=text, source=source, deliver=deliver):
+            return replace(state, turn_id=turn_id or "", input=text, source=source,
+                           deliver=deliver, started=True)  # fmt: skip
         case TurnAttempt(attempt=attempt):
             return replace(state, attempt=attempt)
         case ModelResult() as result:

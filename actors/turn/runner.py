@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from actors import ids
+from actors import faults, ids
 from actors.agent import Agent
 from actors.metrics import (
     MODEL_CALL_SECONDS,
@@ -29,6 +29,7 @@ from actors.metrics import (
     StepClock,
 )
 from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
+from actors.outbox import plan as outbox_plan
 from actors.tools import args_hash, execute_calls
 from actors.tools.notes import StoreNotes
 from actors.turn import context
@@ -58,6 +59,7 @@ from eventstore import (
 )
 from eventstore.catalogue import (
     ContextAssembled,
+    Deliver,
     ErrorDetail,
     ModelCall,
     ModelChunk,
@@ -75,6 +77,7 @@ from eventstore.projections import history_row
 log = structlog.get_logger("dispach.turn")
 
 _STORE_RETRIES = 5
+_DEFAULT_CHUNK = 4096
 _CHUNK_CHARS = 512
 _CHUNK_SECONDS = 0.05
 _CANCELLED = (
@@ -421,6 +424,9 @@ class TurnRunner:
                 [t for t in state.texts if t] + ["".join(self._partial)] * self._in_model_call
             ).strip()
         )
+        # The reply's outbox items go just before turn.end, in its append: turn.end stays the
+        # stream's last event, and a turn that ended has promised its reply or has not ended.
+        events.extend(self._deliveries(state.deliver, text, end))
         events.append(TurnEnd(
             reason=end.reason, steps=state.steps,
             tokens=Tokens(prompt=state.prompt_tokens, output=state.output_tokens,
@@ -430,6 +436,22 @@ class TurnRunner:
         ))  # fmt: skip
         await self._append(events)
         TURNS_ENDED.labels(agent=self.agent.id, reason=end.reason).inc()
+        faults.point("turn.ended")
+
+    def _deliveries(self, deliver: Deliver | None, text: str, end: End) -> list[Event]:
+        """The reply's outbox items (one per chunk)."""
+        if deliver is None:
+            return []
+        channel = self.agent.channels.get(deliver.channel)
+        # A channel gone from the manifest since the message was accepted: its items fail
+        # with delivery_channel_unknown (on the record) rather than vanish.
+        return list(outbox_plan.enqueue(
+            deliver,
+            max_chars=channel.max_chars if channel else _DEFAULT_CHUNK,
+            measure=channel.measure if channel else len,
+            agent_id=self.agent.id, session_key=self.session_key, turn_id=self.turn_id,
+            text=outbox_plan.reply_text(text, end.reason),
+        ))  # fmt: skip
 
     def _stage(self, events: Sequence[Event]) -> None:
         """Fold events into the state now and append them with the next append: facts that no

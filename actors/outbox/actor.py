@@ -1,0 +1,263 @@
+"""OutboxActor: sends due outbox items through their channels and records every step.
+
+An item is claimed by appending ``delivery.attempted`` to its stream, expecting the version the
+actor read: if anyone else got there first the append conflicts and the actor lets the item go.
+The attempt is committed *before* the send, so after a crash an item whose last event is an
+attempt is known to be in doubt: at start it is flagged ``delivery.uncertain`` and sent again
+(exact on a channel whose provider deduplicates by key), or settled as uncertain without a resend
+for a channel configured ``on_uncertain: skip``. Nothing is ever silently dropped.
+
+Sends run as tasks on the event loop, at most ``channel.concurrency`` per channel; the actor
+itself only wakes the drain loop (a commit added items, a send freed a slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import functools
+import random
+import time
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from importlib import resources
+from typing import Any
+
+import structlog
+
+from actors import faults
+from actors.bridge import Ask, LoopActor, Portal, answer
+from actors.outbox.channel import Channel, SendResult
+from actors.outbox.metrics import DELIVERIES, DELIVERY_SECONDS, OUTBOX_DEPTH
+from actors.outbox.plan import Item, outbound, settle
+from eventstore import EventStore, Metadata, NewEvent, StoreError, WrongExpectedVersion, streams
+from eventstore.catalogue import DeliveryAttempted, DeliveryFailed, DeliveryUncertain
+from eventstore.event import Event
+
+log = structlog.get_logger("dispach.outbox")
+
+KICK = "kick"
+"""Tell: items may have become due (a commit enqueued some)."""
+DRAIN = "drain"
+"""Ask: start no more sends; the answer is a future that settles when those in flight have."""
+
+_SEND_TIMEOUT_S = 60.0
+
+
+def _sql(name: str) -> bytes:
+    return resources.files("actors.outbox").joinpath("sql", f"{name}.sql").read_bytes()
+
+
+_DUE = _sql("due")
+_NEXT = _sql("next_due")
+_INFLIGHT = _sql("inflight")
+
+ChannelLookup = Callable[[str, str], Channel | None]
+
+
+class OutboxActor(LoopActor):
+    def __init__(
+        self,
+        portal: Portal,
+        store: EventStore,
+        channels: ChannelLookup,
+        node_id: str,
+        *,
+        poll_s: float = 1.0,
+        max_in_flight: int = 256,
+    ) -> None:
+        super().__init__(portal.loop)
+        self._portal = portal
+        self._store = store
+        self._channels = channels
+        self._node_id = node_id
+        self._poll_s = poll_s
+        self._max_in_flight = max_in_flight
+        self._rng = random.Random()  # noqa: S311 - retry jitter, not a secret
+        self._wake = asyncio.Event()  # touched on the loop only (this actor runs there)
+        self._busy: dict[str, asyncio.Task[None]] = {}
+        self._slots: dict[tuple[str, str], int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._drainer: asyncio.Task[None] | None = None
+        self.recovered = 0
+
+    def on_start(self) -> None:
+        self._task = self._loop.create_task(self._run(), name="outbox")
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Ask):
+            answer(message, self.on_receive)
+            return None
+        if message == KICK:
+            self._wake.set()
+        elif message == DRAIN:
+            return self._drain_sends()
+        return None
+
+    def _drain_sends(self) -> concurrent.futures.Future[None]:
+        if self._task is not None:
+            self._task.cancel()
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        sends = list(self._busy.values())
+        if not sends:
+            done.set_result(None)
+            return done
+
+        async def settle() -> None:
+            await asyncio.wait(sends)
+            done.set_result(None)
+
+        self._drainer = self._loop.create_task(settle())
+        return done
+
+    def on_stop(self) -> None:
+        # Sends in flight are cancelled: an item whose attempt is committed and whose answer is
+        # not stays in doubt and is flagged at the next start (never dropped, never faked).
+        if self._task is not None:
+            self._task.cancel()
+        for task in self._busy.values():
+            task.cancel()
+
+    # --- the drain loop -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.recovered = await self._recover()
+                break
+            except StoreError as e:
+                log.warning("outbox_recovery_retry", error=e.message)
+                await asyncio.sleep(self._poll_s)
+        while True:
+            self._wake.clear()
+            wait = self._poll_s
+            try:
+                started = await self._start_due()
+                wait = await self._next_wait() if not started else 0.0
+            except StoreError as e:
+                log.warning("outbox_read_failed", error=e.message)
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), min(wait, self._poll_s))
+
+    async def _start_due(self) -> int:
+        room = self._max_in_flight - len(self._busy)
+        if room <= 0:
+            return 0
+        rows = await self._store.afetch(_DUE, {"busy": list(self._busy), "limit": room})
+        started = 0
+        for row in rows:
+            item = Item(**dict(zip(_ITEM_FIELDS, row, strict=True)))
+            channel = self._channels(item.agent_id, item.channel_id)
+            slot = (item.agent_id, item.channel_id)
+            if channel is not None and self._slots.get(slot, 0) >= channel.concurrency:
+                continue  # this channel is full; the item waits for a slot
+            self._slots[slot] = self._slots.get(slot, 0) + 1
+            task = self._loop.create_task(self._deliver(item, channel))
+            self._busy[item.item_id] = task
+            task.add_done_callback(functools.partial(self._freed, item.item_id, slot))
+            started += 1
+        return started
+
+    def _freed(self, item_id: str, slot: tuple[str, str], _task: asyncio.Task[None]) -> None:
+        self._busy.pop(item_id, None)
+        self._slots[slot] -= 1
+        self._wake.set()  # a slot is free, and the reply's next chunk may be due
+
+    async def _next_wait(self) -> float:
+        rows = await self._store.afetch(_NEXT)
+        wait, depth = rows[0]
+        OUTBOX_DEPTH.set(depth)
+        if wait is None:
+            return self._poll_s
+        assert isinstance(wait, timedelta)
+        return max(wait.total_seconds(), 0.0)
+
+    # --- one item -----------------------------------------------------------------------------
+
+    async def _deliver(self, item: Item, channel: Channel | None) -> None:
+        meta = Metadata(agent_id=item.agent_id, session_key=item.session_key, turn_id=item.turn_id)
+        stream = streams.outbox(item.item_id)
+        try:
+            if channel is None:
+                await self._append(stream, meta, _unknown_channel(item), item.version)
+                return
+            attempt = item.attempts + 1
+            claim = DeliveryAttempted(
+                channel_id=item.channel_id, chunk_index=item.chunk_index,
+                chunk_total=item.chunk_total, attempt=attempt, node=self._node_id,
+            )  # fmt: skip
+            try:
+                await self._append(stream, meta, claim, item.version)
+            except WrongExpectedVersion:
+                return  # another sender claimed it: its outcome will be recorded there
+            faults.point("delivery.attempted")
+            began = time.perf_counter()
+            result = await self._send(channel, item, attempt)
+            faults.point("delivery.answered")
+            outcome = settle(item, channel, attempt, result, self._rng)
+            await self._append(stream, meta, outcome, item.version + 1)
+            DELIVERY_SECONDS.labels(channel=channel.type).observe(time.perf_counter() - began)
+            DELIVERIES.labels(channel=channel.type, outcome=outcome.TYPE.split(".")[1]).inc()
+        except StoreError as e:
+            # The log refused or is away: the item keeps its last recorded state (pending, or
+            # in doubt after a committed attempt) and is picked up again or recovered.
+            log.warning("outbox_append_failed", item=item.item_id, error=e.message)
+
+    async def _send(self, channel: Channel, item: Item, attempt: int) -> SendResult:
+        try:
+            async with asyncio.timeout(_SEND_TIMEOUT_S):
+                return await channel.send(outbound(item, attempt))
+        except TimeoutError:
+            return SendResult(ok=False, retryable=True, code="delivery_timeout",
+                              error=f"the send took longer than {_SEND_TIMEOUT_S:g} s")  # fmt: skip
+        except Exception as e:  # a channel bug must not take the outbox down
+            log.exception("channel_send_raised", channel=channel.id)
+            return SendResult(ok=False, retryable=True, code="delivery_transport_threw",
+                              error=f"{type(e).__name__}: {e}")  # fmt: skip
+
+    async def _append(self, stream: str, meta: Metadata, event: Event, expected: int) -> None:
+        await asyncio.wrap_future(
+            self._store.submit(stream, [NewEvent(event=event, metadata=meta)], expected)
+        )
+
+    # --- recovery -----------------------------------------------------------------------------
+
+    async def _recover(self) -> int:
+        """Flag every item left in doubt by a crash (see the module docstring)."""
+        rows = await self._store.afetch(_INFLIGHT)
+        for row in rows:
+            item = Item(**dict(zip(_ITEM_FIELDS, row, strict=True)))
+            channel = self._channels(item.agent_id, item.channel_id)
+            meta = Metadata(
+                agent_id=item.agent_id, session_key=item.session_key, turn_id=item.turn_id
+            )
+            resend = channel is None or channel.on_uncertain == "resend"
+            flag = DeliveryUncertain(
+                channel_id=item.channel_id, chunk_index=item.chunk_index,
+                chunk_total=item.chunk_total, attempts=item.attempts,
+                idempotent_send=channel is not None and channel.idempotent, resend=resend,
+            )  # fmt: skip
+            with contextlib.suppress(WrongExpectedVersion):  # someone else recovered it
+                await self._append(streams.outbox(item.item_id), meta, flag, item.version)
+            log.warning("delivery_uncertain", item=item.item_id, channel=item.channel_id,
+                        resend=resend)  # fmt: skip
+        return len(rows)
+
+
+_ITEM_FIELDS = tuple(Item.__struct_fields__)
+
+
+def _unknown_channel(item: Item) -> DeliveryFailed:
+    return DeliveryFailed(
+        channel_id=item.channel_id, chunk_index=item.chunk_index, chunk_total=item.chunk_total,
+        attempts=item.attempts, exhausted=False, code="delivery_channel_unknown",
+        error=f"agent {item.agent_id!r} has no channel {item.channel_id!r} on this node",
+        abandoned=item.chunk_total - item.chunk_index - 1,
+    )  # fmt: skip
+
+
+def lookup(channels: Mapping[str, Mapping[str, Channel]]) -> ChannelLookup:
+    """A ChannelLookup over ``{agent: {channel id: channel}}``."""
+    return lambda agent, channel: channels.get(agent, {}).get(channel)

@@ -1,0 +1,97 @@
+"""The port a delivery channel implements (Telegram, webhook: see gateways/channels/).
+
+A channel is a transport only: chunking, ordering, retries, deduplication and recovery live in the
+outbox. It says how long a message may be, whether its provider deduplicates a resend by key
+(``idempotent``), and what to do with an item whose send may or may not have happened when the
+node died (``on_uncertain``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+import msgspec
+
+
+class Outbound(msgspec.Struct, frozen=True, kw_only=True):
+    """One chunk to send."""
+
+    key: str
+    """The item's derived id: an idempotent provider gets it as the idempotency key."""
+    agent_id: str
+    session_key: str
+    turn_id: str
+    to: str
+    thread: str | None
+    text: str
+    chunk_index: int
+    chunk_total: int
+    attempt: int
+    uncertain: bool
+    """A resend of an item whose earlier send may have reached the provider."""
+
+
+class SendResult(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    provider_message_id: str | None = None
+    retryable: bool = False
+    code: str = ""
+    """A stable code for the failure (``delivery_provider_unavailable``, ...)."""
+    error: str = ""
+    retry_after_s: float | None = None
+    """The provider asked to wait this long (Telegram's ``retry_after``, HTTP Retry-After)."""
+
+
+class Channel(Protocol):
+    id: str
+    type: str
+    idempotent: bool
+    on_uncertain: Literal["resend", "skip"]
+    max_chars: int
+    backoff_s: tuple[float, ...]
+    """Pauses before the 2nd, 3rd, ... attempt (jittered); their count + 1 bounds the attempts."""
+    concurrency: int
+    """How many sends may be in flight at once on this channel."""
+    measure: Callable[[str], int]
+    """How the provider counts a message's length (Telegram: UTF-16 code units)."""
+    allow_from: frozenset[str]
+    """Inbound: who may talk to the agent (ids, ``@handles``, or ``*``); empty admits nobody."""
+
+    async def send(self, item: Outbound) -> SendResult:
+        """Send one chunk. Never raises for a provider or network failure: it is a result."""
+        ...
+
+    async def start(self, inbound: Inbound) -> None:
+        """Begin taking messages in (a long-poll loop, say); return once started."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop taking messages in (the node is draining)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the transport (after the outbox has stopped sending)."""
+        ...
+
+
+class InboundMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """A message that reached the agent through a channel, in the channel's own terms."""
+
+    channel_id: str
+    update_id: str
+    """The provider's id of this delivery: the same id twice is the same message."""
+    peer: str
+    """The conversation (a Telegram chat id): one session per peer (and thread)."""
+    thread: str | None = None
+    sender_id: str
+    sender_handle: str | None = None
+    sender_name: str | None = None
+    text: str | None
+    """None when the message holds nothing the agent can read (a sticker, a photo)."""
+
+
+class Inbound(Protocol):
+    """What a channel hands an inbound message to (the node's channel host)."""
+
+    async def receive(self, message: InboundMessage) -> None: ...

@@ -1,0 +1,15 @@
+-- Items to send now: pending, due, and at the head of their reply (every earlier chunk is sent,
+-- or settled as uncertain). Items this node is sending already are left out by id.
+SELECT o.item_id, o.agent_id, o.session_key, o.turn_id, o.channel_id, o.recipient, o.thread,
+       o.chunk_index, o.chunk_total, o.body, o.status, o.attempts, o.uncertain, o.version
+  FROM outbox o
+ WHERE o.status = 'pending'
+   AND o.next_attempt_at <= now()
+   AND o.item_id <> ALL(%(busy)s::text[])
+   AND NOT EXISTS (SELECT 1
+                     FROM outbox p
+                    WHERE p.group_key = o.group_key
+                      AND p.chunk_index < o.chunk_index
+                      AND p.status NOT IN ('sent', 'uncertain'))
+ ORDER BY o.next_attempt_at, o.item_id
+ LIMIT %(limit)s

@@ -1,0 +1,53 @@
+-- The outbox: one row per item (one chunk of one reply to one recipient), derived from the
+-- item's delivery.* events (inline: the outbox actor reads it right after the append that
+-- changed it). `version` is the item stream's version (-1 before its first event there): the
+-- actor claims an item by appending delivery.attempted expecting that version, so two senders
+-- never both claim it.
+CREATE TABLE outbox (
+    item_id             text        PRIMARY KEY,
+    agent_id            text        NOT NULL,
+    session_key         text        NOT NULL,
+    turn_id             text        NOT NULL,
+    channel_id          text        NOT NULL,
+    recipient           text        NOT NULL,
+    thread              text,
+    group_key           text        NOT NULL,
+    chunk_index         integer     NOT NULL,
+    chunk_total         integer     NOT NULL,
+    body                text        NOT NULL,
+    status              text        NOT NULL
+        CHECK (status IN ('pending', 'inflight', 'sent', 'failed', 'uncertain')),
+    attempts            integer     NOT NULL DEFAULT 0,
+    next_attempt_at     timestamptz NOT NULL,
+    uncertain           boolean     NOT NULL DEFAULT false,
+    provider_message_id text,
+    error_code          text,
+    error               text,
+    version             bigint      NOT NULL DEFAULT -1,
+    created_at          timestamptz NOT NULL,
+    updated_at          timestamptz NOT NULL
+);
+
+-- Due items: only unsettled rows are indexed, so the index stays the size of the backlog.
+CREATE INDEX outbox_due_idx ON outbox (next_attempt_at, item_id)
+    WHERE status IN ('pending', 'inflight');
+-- Head of line: a chunk waits for its predecessor in the same reply.
+CREATE INDEX outbox_group_idx ON outbox (group_key, chunk_index);
+
+-- Schedules: the definition and where the scheduler is (derived from schedule-* streams).
+CREATE TABLE schedules (
+    agent_id     text        NOT NULL,
+    schedule_id  text        NOT NULL,
+    spec         jsonb       NOT NULL,
+    owner        text        NOT NULL,
+    enabled      boolean     NOT NULL,
+    created_at   timestamptz NOT NULL,
+    updated_at   timestamptz NOT NULL,
+    last_due     timestamptz,
+    last_fired_at timestamptz,
+    last_turn_id text,
+    fired        integer     NOT NULL DEFAULT 0,
+    skipped      integer     NOT NULL DEFAULT 0,
+    version      bigint      NOT NULL,
+    PRIMARY KEY (agent_id, schedule_id)
+);

@@ -1,0 +1,249 @@
+"""The Telegram channel, over the Bot API (``https://api.telegram.org/bot<token>/<method>``).
+
+Inbound: long polling (``getUpdates`` with an offset; the offset confirms what came before it,
+so an update fetched again after a crash is simply a duplicate, dropped by its update id) or
+Telegram's webhook, whose ``X-Telegram-Bot-Api-Secret-Token`` header is checked in constant time.
+Outbound: ``sendMessage``, 4,096 characters counted in UTF-16 code units. Telegram takes no
+idempotency key, so a resend after a crash may show twice: the channel says so
+(``idempotent = False``), the resend is flagged ``uncertain`` on the record, and
+``on_uncertain: skip`` trades that duplicate for a possibly missing reply.
+
+The bot token is part of every request URL: it is never logged (errors are reported without the
+URL, and redacted where a library puts it in a message or a log line: httpx2 logs every request's
+URL at INFO).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import Callable
+from typing import Any, Literal
+
+import httpx2
+import structlog
+
+from actors.outbox import Inbound, InboundMessage, Outbound, SendResult
+from gateways.channels.config import TelegramConfig
+
+log = structlog.get_logger("dispach.telegram")
+
+MAX_CHARS = 4096
+_POLL_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 30.0)
+_SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
+
+
+class TelegramError(Exception):
+    def __init__(self, status: int, description: str, retry_after: float | None) -> None:
+        super().__init__(description)
+        self.status = status
+        self.description = description
+        self.retry_after = retry_after
+
+
+class TelegramChannel:
+    type = "telegram"
+    idempotent = False
+    concurrency = 8
+    max_chars = MAX_CHARS
+
+    def __init__(self, config: TelegramConfig, token: str, webhook_secret: str | None) -> None:
+        self.id = config.id
+        self.config = config
+        self.on_uncertain: Literal["resend", "skip"] = config.on_uncertain
+        self.backoff_s = tuple(config.backoff_s)
+        self.measure: Callable[[str], int] = utf16_len
+        # Handles match without their @ and in any case; ids match as given.
+        self.allow_from = frozenset(a.strip().lower().removeprefix("@") for a in config.allow_from)
+        self.bot_id = token.split(":", 1)[0]
+        self._token = token
+        self._base = f"{config.api_base_url.rstrip('/')}/bot{token}/"
+        self._webhook_secret = webhook_secret
+        self._client = httpx2.AsyncClient(timeout=30.0)
+        self._redactor = _Redactor(token)
+        logging.getLogger("httpx2").addFilter(self._redactor)
+        self._poller: asyncio.Task[None] | None = None
+        self._inbound: Inbound | None = None
+
+    def __repr__(self) -> str:  # the token stays out of logs and tracebacks
+        return f"TelegramChannel(id={self.id!r}, mode={self.config.mode!r})"
+
+    # --- the Bot API --------------------------------------------------------------------------
+
+    async def call(
+        self,
+        method: str,
+        payload: dict[str, Any],
+        timeout: float = 30.0,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
+        """One Bot API call: its ``result``, or TelegramError (never with the URL in it)."""
+        try:
+            response = await self._client.post(
+                self._base + method, json=payload, timeout=timeout, headers=headers
+            )
+        except httpx2.HTTPError as e:
+            raise TelegramError(0, self._redact(f"{type(e).__name__}: {e}"), None) from None
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise TelegramError(response.status_code, f"HTTP {response.status_code}", None)
+        if answer.get("ok") is True:
+            return answer.get("result")
+        params = answer.get("parameters") or {}
+        retry_after = params.get("retry_after") if isinstance(params, dict) else None
+        raise TelegramError(
+            int(answer.get("error_code") or response.status_code),
+            self._redact(str(answer.get("description") or "no description")),
+            float(retry_after) if isinstance(retry_after, int | float) else None,
+        )
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._token, "<token>")
+
+    # --- outbound -----------------------------------------------------------------------------
+
+    async def send(self, item: Outbound) -> SendResult:
+        payload: dict[str, Any] = {"chat_id": _chat(item.to), "text": item.text}
+        if item.thread is not None:
+            payload["message_thread_id"] = int(item.thread)
+        headers = {"x-dispach-uncertain": "1"} if item.uncertain else None
+        try:
+            result = await self.call("sendMessage", payload, headers=headers)
+        except TelegramError as e:
+            return _classify(e)
+        message_id = result.get("message_id", "") if isinstance(result, dict) else ""
+        return SendResult(ok=True, provider_message_id=str(message_id))
+
+    # --- inbound ------------------------------------------------------------------------------
+
+    async def start(self, inbound: Inbound) -> None:
+        self._inbound = inbound
+        if self.config.mode == "longpoll":
+            self._poller = asyncio.create_task(self._poll(inbound), name=f"telegram-{self.id}")
+
+    async def stop(self) -> None:
+        self._inbound = None  # webhook updates from now on are answered 503
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        logging.getLogger("httpx2").removeFilter(self._redactor)
+
+    async def _poll(self, inbound: Inbound) -> None:
+        offset: int | None = None
+        failures = 0
+        timeout = self.config.poll_timeout_s
+        while True:
+            payload: dict[str, Any] = {"timeout": timeout, "allowed_updates": ["message"]}
+            if offset is not None:
+                payload["offset"] = offset
+            try:
+                updates = await self.call("getUpdates", payload, timeout=timeout + 10)
+            except TelegramError as e:
+                pause = _POLL_BACKOFF_S[min(failures, len(_POLL_BACKOFF_S) - 1)]
+                if e.retry_after is not None:
+                    pause = e.retry_after
+                if failures % 8 == 0:  # the first failure, then every eighth
+                    log.warning("telegram_poll_failed", channel=self.id, status=e.status,
+                                error=e.description, retry_in_s=pause)  # fmt: skip
+                failures += 1
+                await asyncio.sleep(pause)
+                continue
+            failures = 0
+            for update in updates if isinstance(updates, list) else []:
+                if isinstance(update, dict) and isinstance(update.get("update_id"), int):
+                    # Confirmed with the next getUpdates: a crash before then fetches the
+                    # update again, and its id makes it a duplicate, not a second turn.
+                    offset = update["update_id"] + 1
+                    await self._take(inbound, update)
+
+    async def webhook(self, headers: dict[str, str], update: Any) -> tuple[int, str]:
+        """An update Telegram POSTed: ``(status, detail)`` for the HTTP answer."""
+        given = headers.get(_SECRET_HEADER, "")
+        expected = self._webhook_secret
+        if self.config.mode != "webhook" or expected is None:
+            return 404, "this channel does not take webhooks"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            return 401, "secret token mismatch"
+        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
+            return 400, "not a Telegram update"
+        if self._inbound is None:
+            return 503, "the node is not taking messages now"
+        await self._take(self._inbound, update)
+        return 200, "ok"
+
+    async def _take(self, inbound: Inbound, update: dict[str, Any]) -> None:
+        message = self.parse(update)
+        if message is not None:
+            await inbound.receive(message)
+
+    def parse(self, update: dict[str, Any]) -> InboundMessage | None:
+        """The message an update carries, or None for updates that are not messages."""
+        message = update.get("message")
+        if not isinstance(message, dict):
+            return None
+        chat = message.get("chat") or {}
+        sender = message.get("from") or {}
+        if "id" not in chat:
+            return None
+        thread = message.get("message_thread_id") if message.get("is_topic_message") else None
+        text = message.get("text")
+        name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p)
+        return InboundMessage(
+            channel_id=self.id,
+            update_id=f"{self.bot_id}:{update['update_id']}",
+            peer=str(chat["id"]),
+            thread=str(thread) if thread is not None else None,
+            sender_id=str(sender.get("id", chat["id"])),
+            sender_handle=sender.get("username"),
+            sender_name=name or None,
+            text=text if isinstance(text, str) and text.strip() else None,
+        )
+
+
+class _Redactor(logging.Filter):
+    """Masks the token in httpx2's records, which carry each request's URL (a filter on that
+    logger, so the line is clean before any handler formats it, whatever the log setup)."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        self._token = token
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._token in message:
+            record.msg, record.args = message.replace(self._token, "<token>"), ()
+        return True
+
+
+def utf16_len(text: str) -> int:
+    """Telegram counts a message's length in UTF-16 code units (an emoji is two)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _chat(to: str) -> int | str:
+    """Chat ids are integers; ``@channelusername`` is allowed for channels."""
+    try:
+        return int(to)
+    except ValueError:
+        return to
+
+
+def _classify(error: TelegramError) -> SendResult:
+    status = error.status
+    retryable = status in {0, 409, 429} or status >= 500
+    return SendResult(
+        ok=False,
+        retryable=retryable,
+        code=f"telegram_{status}" if status else "delivery_unreachable",
+        error=error.description,
+        retry_after_s=error.retry_after if status == 429 else None,
+    )

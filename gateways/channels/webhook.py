@@ -1,0 +1,146 @@
+"""The webhook channel: each chunk is POSTed as signed JSON to a configured URL.
+
+Wire contract (docs/channels.md): the body is deterministic for an item (a resend carries the
+same bytes), with headers ``Idempotency-Key`` (the item's derived key), ``X-Dispach-Timestamp``
+(Unix seconds) and ``X-Dispach-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>``;
+``X-Dispach-Attempt`` counts attempts and ``X-Dispach-Uncertain: 1`` marks a resend after a
+crash. The receiver deduplicates by key, so the channel is declared idempotent: a resend after a
+crash is exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+from email.utils import parsedate_to_datetime
+from typing import Literal
+
+import httpx2
+import msgspec
+
+from actors.outbox import Inbound, Outbound, SendResult
+from gateways.channels.config import WebhookConfig
+
+
+class _Chunk(msgspec.Struct, frozen=True):
+    index: int
+    total: int
+
+
+class _Payload(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    id: str
+    agent_id: str
+    session_key: str
+    turn_id: str
+    to: str
+    thread: str | None = None
+    chunk: _Chunk
+    text: str
+
+
+_ENCODE = msgspec.json.Encoder()
+
+
+class WebhookChannel:
+    type = "webhook"
+    idempotent = True
+
+    def __init__(self, config: WebhookConfig, secret: str) -> None:
+        self.id = config.id
+        self.on_uncertain: Literal["resend", "skip"] = config.on_uncertain
+        self.max_chars = config.max_message_chars
+        self.backoff_s = tuple(config.backoff_s)
+        self.concurrency = config.concurrency
+        self.measure: Callable[[str], int] = len
+        self.allow_from: frozenset[str] = frozenset()
+        self._url = config.url
+        self._secret = secret.encode()
+        self._client = httpx2.AsyncClient(
+            timeout=config.timeout_s,
+            follow_redirects=False,
+            limits=httpx2.Limits(max_connections=config.concurrency),
+        )
+
+    def __repr__(self) -> str:  # the secret stays out of logs and tracebacks
+        return f"WebhookChannel(id={self.id!r}, url={self._url!r})"
+
+    async def start(self, inbound: Inbound) -> None:
+        return None  # outbound only
+
+    async def stop(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def sign(self, body: bytes, timestamp: int) -> str:
+        mac = hmac.new(self._secret, f"{timestamp}.".encode() + body, hashlib.sha256)
+        return "v1=" + mac.hexdigest()
+
+    async def send(self, item: Outbound) -> SendResult:
+        body = _ENCODE.encode(
+            _Payload(
+                id=item.key, agent_id=item.agent_id, session_key=item.session_key,
+                turn_id=item.turn_id, to=item.to, thread=item.thread,
+                chunk=_Chunk(item.chunk_index, item.chunk_total), text=item.text,
+            )
+        )  # fmt: skip
+        timestamp = int(time.time())
+        headers = {
+            "content-type": "application/json",
+            "idempotency-key": item.key,
+            "x-dispach-timestamp": str(timestamp),
+            "x-dispach-signature": self.sign(body, timestamp),
+            "x-dispach-attempt": str(item.attempt),
+        }
+        if item.uncertain:
+            headers["x-dispach-uncertain"] = "1"
+        try:
+            response = await self._client.post(self._url, content=body, headers=headers)
+        except httpx2.TimeoutException as e:
+            return SendResult(ok=False, retryable=True, code="delivery_timeout",
+                              error=f"the webhook did not answer in time: {e!r}")  # fmt: skip
+        except httpx2.HTTPError as e:
+            # Refused, reset, or closed before an answer: the receiver may or may not have the
+            # item; the retry carries the same key, so it is exact either way.
+            return SendResult(ok=False, retryable=True, code="delivery_unreachable",
+                              error=f"{type(e).__name__}: {e}")  # fmt: skip
+        return _result(response)
+
+
+def _result(response: httpx2.Response) -> SendResult:
+    status = response.status_code
+    if 200 <= status < 300:
+        provider_id = None
+        try:
+            answer = response.json()
+            if isinstance(answer, dict) and isinstance(answer.get("id"), str | int):
+                provider_id = str(answer["id"])
+        except ValueError:
+            pass
+        return SendResult(ok=True, provider_message_id=provider_id)
+    detail = response.text[:200]
+    retry_after = _retry_after(response.headers.get("retry-after"))
+    if status in (408, 425, 429) or status >= 500:
+        return SendResult(ok=False, retryable=True, code=f"delivery_http_{status}",
+                          error=f"the webhook answered {status}: {detail}",
+                          retry_after_s=retry_after)  # fmt: skip
+    # Any other 4xx (and a redirect, which is not followed) will not get better by retrying.
+    return SendResult(ok=False, retryable=False, code=f"delivery_http_{status}",
+                      error=f"the webhook answered {status}: {detail}")  # fmt: skip
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After as seconds: a number, or an HTTP date."""
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError):
+        return None
