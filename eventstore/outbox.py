@@ -74,13 +74,13 @@ class OutboxProjection:
                          e.chunk_total, e.text, at, at, at],
                     )
                 ]  # fmt: skip
-            case DeliveryAttempted(attempt=attempt):
+            case DeliveryAttempted(attempt=attempt, node=node):
                 return [
                     (
                         """UPDATE outbox SET status = 'inflight', attempts = %s, version = %s,
-                                  updated_at = %s
+                                  node = %s, updated_at = %s
                             WHERE item_id = %s""",
-                        [attempt, event.version, at, item],
+                        [attempt, event.version, node, at, item],
                     )
                 ]
             case DeliverySent() as e:

@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,8 @@ DRAIN = "drain"
 """Ask: start no more sends; the answer is a future that settles when those in flight have."""
 
 _SEND_TIMEOUT_S = 60.0
+_STALE_S = 2 * _SEND_TIMEOUT_S + 30.0
+"""An attempt older than this has no live sender: it would have recorded a timeout by now."""
 
 
 def _sql(name: str) -> bytes:
@@ -129,10 +132,14 @@ class OutboxActor(LoopActor):
             except StoreError as e:
                 log.warning("outbox_recovery_retry", error=e.message)
                 await asyncio.sleep(self._poll_s)
+        checked = time.monotonic()
         while True:
             self._wake.clear()
             wait = self._poll_s
             try:
+                if time.monotonic() - checked > _STALE_S / 4:
+                    checked = time.monotonic()
+                    self.recovered += await self._recover()  # another host's dead node
                 started = await self._start_due()
                 wait = await self._next_wait() if not started else 0.0
             except StoreError as e:
@@ -225,10 +232,18 @@ class OutboxActor(LoopActor):
     # --- recovery -----------------------------------------------------------------------------
 
     async def _recover(self) -> int:
-        """Flag every item left in doubt by a crash (see the module docstring)."""
-        rows = await self._store.afetch(_INFLIGHT)
-        for row in rows:
-            item = Item(**dict(zip(_ITEM_FIELDS, row, strict=True)))
+        """Flag the items a dead node left in doubt (see the module docstring); returns how
+        many. An attempt is known dead when it was this node's (an earlier life of it: nothing
+        is in flight yet at start), or another process on this host that no longer runs; an
+        attempt of another host's node counts as dead once it is older than any send may take
+        (a live node records every answer, or a timeout, within ``_SEND_TIMEOUT_S``), so a node
+        starting beside a live one never resends that one's items."""
+        flagged = 0
+        for row in await self._store.afetch(_INFLIGHT):
+            *fields, node, age = row
+            item = Item(**dict(zip(_ITEM_FIELDS, fields, strict=True)))
+            if item.item_id in self._busy or not _dead(node, float(age), self._node_id):
+                continue
             channel = self._channels(item.agent_id, item.channel_id)
             meta = Metadata(
                 agent_id=item.agent_id, session_key=item.session_key, turn_id=item.turn_id
@@ -239,14 +254,32 @@ class OutboxActor(LoopActor):
                 chunk_total=item.chunk_total, attempts=item.attempts,
                 idempotent_send=channel is not None and channel.idempotent, resend=resend,
             )  # fmt: skip
-            with contextlib.suppress(WrongExpectedVersion):  # someone else recovered it
+            try:
                 await self._append(streams.outbox(item.item_id), meta, flag, item.version)
+            except WrongExpectedVersion:
+                continue  # its node answered after all, or another node recovered it
+            flagged += 1
             log.warning("delivery_uncertain", item=item.item_id, channel=item.channel_id,
-                        resend=resend)  # fmt: skip
-        return len(rows)
+                        node=node, resend=resend)  # fmt: skip
+        return flagged
 
 
 _ITEM_FIELDS = tuple(Item.__struct_fields__)
+
+
+def _dead(node: str | None, age_s: float, me: str) -> bool:
+    """Whether the node that made an attempt ``age_s`` ago is surely gone."""
+    if not node or node == me or age_s > _STALE_S:
+        return True
+    host, _, pid = node.rpartition("-")
+    if host == me.rpartition("-")[0] and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)  # signal 0: is there such a process?
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False  # it exists (someone else's)
+    return False
 
 
 def _unknown_channel(item: Item) -> DeliveryFailed:

@@ -10,11 +10,13 @@ break that would leave a chunk under 60% of the limit is passed over for a later
 first paragraph does not cost a whole message; if no break reaches 60%, the latest break wins, and
 with no whitespace at all the text is cut at the limit. A cut never separates what draws as one
 character, as far as we can tell without a grapheme library: a base and its combining marks, an
-emoji and its modifiers, variation selectors, tags or ZWJ partners, the two halves of a flag.
+emoji and its modifiers, variation selectors, tags or ZWJ partners, the two halves of a flag
+(rarer clusters, such as conjoining Hangul jamo, may still be cut).
 
 The whitespace at a break is dropped, except the indentation of the line after a line break (it is
 code, often). A chunk that ends inside a ``` or ~~~ fence is closed at its end and the fence is
-reopened, with its info string, at the start of the next chunk; room is kept for both. So the
+reopened, with its info string, at the start of the next chunk; room is kept for both (unless
+they would take over a quarter of the limit: then a tiny limit goes to the text instead). So the
 chunks, minus those repairs and the whitespace at the breaks, are the text (``spans`` says
 exactly where each comes from). No chunk is empty or blank; a blank text is no chunks.
 """
@@ -59,8 +61,8 @@ def split(text: str, limit: int, measure: Callable[[str], int] = len) -> list[st
 
 
 def spans(text: str, limit: int, measure: Callable[[str], int] = len) -> list[Span]:
-    """Where each chunk of ``split`` comes from. ValueError if a single character (or a fence
-    line's repair) cannot fit in ``limit``."""
+    """Where each chunk of ``split`` comes from. ValueError if a single character does not fit
+    in ``limit``."""
     if limit < 1:
         raise ValueError(f"a chunk limit must be at least 1, got {limit}")
     return _Splitter(text, limit, measure).spans()
@@ -91,16 +93,16 @@ class _Splitter:
         while p < self.stop:
             p = self._skip_long_indent(p)
             head = self._repair(_reopen(self._fence_at(p)))
-            if self._fits(head + text[p : self.stop]):
+            # (Every character measures at least 1: a rest longer than the limit cannot fit.)
+            if self.stop - p <= self.limit and self._fits(head + text[p : self.stop]):
                 out.append(Span(p, self.stop, head))
                 break
             cut = self._cut(p, head, "")
-            if cut is None:
-                if not head:
-                    raise ValueError(f"a chunk limit of {self.limit} cannot hold {text[p]!r}")
-                head = ""
+            if cut is None and head:
+                head = ""  # not one character fits beside the repair: give it up
                 cut = self._cut(p, head, "")
-                assert cut is not None  # the same window without the repair fitted before
+            if cut is None:
+                raise ValueError(f"a chunk limit of {self.limit} cannot hold {text[p]!r}")
             b, nxt = cut
             tail = self._repair(_close(self._fence_at(b)), head)
             if tail and not self._fits(head + text[p:b] + tail):
@@ -123,12 +125,12 @@ class _Splitter:
             return None
         best: dict[int, tuple[int, int]] = {}
         latest = stranding = None
-        for run in _RUN.finditer(text, p):
-            s = run.start()
-            if s > end:
-                break
+        for found in _RUN.finditer(text, p, end + 1):
+            s = found.start()
             if s == p:
                 continue
+            # The window's end may cut the last run short: read it whole.
+            run = found if found.end() <= end else (_RUN.match(text, s) or found)
             newlines = run.group().count("\n")
             nxt = s + run.group().rfind("\n") + 1 if newlines else run.end()
             if self._strands_a_fence_line(s, nxt, newlines):

@@ -24,6 +24,8 @@ CREATE TABLE outbox (
     error_code          text,
     error               text,
     version             bigint      NOT NULL DEFAULT -1,
+    node                text,
+    -- the node of the last attempt: recovery tells a dead node's sends from a live one's
     created_at          timestamptz NOT NULL,
     updated_at          timestamptz NOT NULL
 );

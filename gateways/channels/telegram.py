@@ -160,10 +160,19 @@ class TelegramChannel:
             failures = 0
             for update in updates if isinstance(updates, list) else []:
                 if isinstance(update, dict) and isinstance(update.get("update_id"), int):
+                    try:
+                        await self._take(inbound, update)
+                    except Exception:
+                        # The node could not take it (an outage, a bug): left unconfirmed, it
+                        # comes again with the next poll, after a pause, instead of the loop
+                        # dying and the channel going deaf.
+                        log.exception("telegram_update_failed", channel=self.id,
+                                      update=update["update_id"])  # fmt: skip
+                        await asyncio.sleep(_POLL_BACKOFF_S[0])
+                        break
                     # Confirmed with the next getUpdates: a crash before then fetches the
                     # update again, and its id makes it a duplicate, not a second turn.
                     offset = update["update_id"] + 1
-                    await self._take(inbound, update)
 
     async def webhook(self, headers: dict[str, str], update: Any) -> tuple[int, str]:
         """An update Telegram POSTed: ``(status, detail)`` for the HTTP answer."""
@@ -186,25 +195,25 @@ class TelegramChannel:
             await inbound.receive(message)
 
     def parse(self, update: dict[str, Any]) -> InboundMessage | None:
-        """The message an update carries, or None for updates that are not messages."""
-        message = update.get("message")
-        if not isinstance(message, dict):
-            return None
-        chat = message.get("chat") or {}
-        sender = message.get("from") or {}
-        if "id" not in chat:
+        """The message an update carries, or None for updates that are not messages (or not
+        shaped like one: a malformed update must not stop the channel)."""
+        message = _dict(update.get("message"))
+        chat, sender = _dict(message.get("chat")), _dict(message.get("from"))
+        chat_id = chat.get("id")
+        if not isinstance(chat_id, int | str):
             return None
         thread = message.get("message_thread_id") if message.get("is_topic_message") else None
         text = message.get("text")
-        name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p)
+        names = (sender.get("first_name"), sender.get("last_name"))
+        handle = sender.get("username")
         return InboundMessage(
             channel_id=self.id,
             update_id=f"{self.bot_id}:{update['update_id']}",
-            peer=str(chat["id"]),
-            thread=str(thread) if thread is not None else None,
-            sender_id=str(sender.get("id", chat["id"])),
-            sender_handle=sender.get("username"),
-            sender_name=name or None,
+            peer=str(chat_id),
+            thread=str(thread) if isinstance(thread, int) else None,
+            sender_id=str(sender.get("id", chat_id)),
+            sender_handle=handle if isinstance(handle, str) and handle else None,
+            sender_name=" ".join(n for n in names if isinstance(n, str) and n) or None,
             text=text if isinstance(text, str) and text.strip() else None,
         )
 
@@ -222,6 +231,10 @@ class _Redactor(logging.Filter):
         if self._token in message:
             record.msg, record.args = message.replace(self._token, "<token>"), ()
         return True
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def utf16_len(text: str) -> int:
