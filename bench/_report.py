@@ -9,9 +9,13 @@ import math
 import os
 import platform
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
@@ -278,3 +282,114 @@ def servers() -> Iterator[Servers]:
             services.stop()
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
+
+
+# --- a node under test, as a subprocess ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def get_status(url: str) -> int:
+    """The HTTP status of a GET (0 when nothing answers)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            status: int = answer.status
+            return status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def tail(log: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def proc_status(pid: int) -> dict[str, int]:
+    """VmRSS, VmHWM (kB) and Threads of a live process."""
+    found: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for row in f:
+            if row.startswith(("VmRSS:", "VmHWM:", "Threads:")):
+                name, value = row.split(":", 1)
+                found[name] = int(value.split()[0])
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU of a process and its children, live (read from /proc) and reaped (its cutime and
+    cstime): a postmaster and its backends, say."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(entry.name) == pid:
+                total += sum(int(v) for v in fields[11:15]) / tick
+            elif int(fields[1]) == pid:
+                total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine since boot, from /proc/stat: the busy share
+    over a window says whether the cores were saturated (by us or by other work)."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    total = sum(values[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The machine's busy fraction between two ``machine_ticks`` readings (1.0: every core)."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total else math.nan
+
+
+def drop_schemas(url: str, schemas: Sequence[str]) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        for schema in schemas:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+async def wait_ready(server: asyncio.subprocess.Process, base: str, log: Path) -> float:
+    """Seconds from now until GET /v1/ready answers 200 (polled every 20 ms)."""
+    started = perf()
+    while perf() - started < 120:
+        if server.returncode is not None:
+            raise SystemExit(f"dispach serve exited with {server.returncode}:\n{tail(log)}")
+        if await asyncio.to_thread(get_status, base + "/v1/ready") == 200:
+            return perf() - started
+        await asyncio.sleep(0.02)
+    raise SystemExit(f"dispach serve not ready after 120 s:\n{tail(log)}")
+
+
+async def stop_server(server: asyncio.subprocess.Process, timeout: float = 60.0) -> int:
+    """SIGTERM, then wait for the drain (SIGKILL after ``timeout`` s, reported as -9)."""
+    if server.returncode is not None:
+        return server.returncode
+    server.send_signal(signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(server.wait(), timeout)
+    except TimeoutError:
+        server.kill()
+        await server.wait()
+        return -9

@@ -8,10 +8,13 @@ from typing import Any
 
 import msgspec
 
+from actors.schedule.plan import ScheduleSpec
 from eventstore import WireEvent
 from gateways.api import STATUSES
 from gateways.errors import ErrorEnvelope
+from gateways.hooks import Taken
 from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
+from gateways.schedules import Deleted, ScheduleList, ScheduleResource
 from gateways.schemas import (
     AcceptedBody,
     AgentDetail,
@@ -29,6 +32,11 @@ from gateways.schemas import (
 )
 
 _TYPES: tuple[Any, ...] = (
+    ScheduleSpec,
+    ScheduleResource,
+    ScheduleList,
+    Deleted,
+    Taken,
     AcceptedBody,
     AgentDetail,
     AgentInfo,
@@ -53,7 +61,8 @@ _ERRORS = {
     "400": "The request is malformed (code, message, hint and often field say how)",
     "401": "A bearer token is required",
     "403": "The Host header is not one this server answers to",
-    "404": "No such agent, turn or session (or not visible to this token)",
+    "404": "No such agent, turn, session or schedule (or not visible to this token)",
+    "409": "The resource is in a state that refuses this (the code says which)",
     "413": "The body is over the size cap",
     "503": "The node is not ready, or a dependency is down",
 }
@@ -160,6 +169,8 @@ def _paths() -> dict[str, Any]:
     agent = "/v1/agents/{agent}"
     turn = agent + "/turns/{turn_id}"
     session = agent + "/sessions/{key}"
+    schedule = agent + "/schedules/{schedule}"
+    sid = _param("schedule", "path", "Schedule id")
     idem = _param(
         "Idempotency-Key",
         "header",
@@ -305,6 +316,71 @@ def _paths() -> dict[str, Any]:
                 params=[AGENT, KEY],
             ),
         },
+        agent + "/schedules": {
+            "get": _op(
+                "Schedules of the agent (manifest and API), with their next due time",
+                {"200": _json(_ref(ScheduleList), "Schedules")},
+                params=[
+                    AGENT,
+                    _param("enabled", "query", "`true`: only enabled ones", required=False),
+                ],
+            ),
+            "post": _op(
+                "Create a schedule (checked now: expression, time zone, delivery)",
+                {"201": _json(_ref(ScheduleResource), "Created")},
+                params=[AGENT],
+                body=ScheduleSpec,
+                errors=("400", "401", "404", "409", "503"),
+            ),
+        },
+        # Before the schedule's own path: generated requests run in document order, and a
+        # DELETE that succeeds would leave nothing to run.
+        schedule + "/run": {
+            "post": _op(
+                "Fire the schedule now, out of band (its clock is not moved)",
+                {"202": _json(_ref(AcceptedBody), "Accepted")},
+                params=[AGENT, sid],
+                errors=("400", "401", "404", "503"),
+            )
+        },
+        schedule: {
+            "get": _op(
+                "One schedule",
+                {"200": _json(_ref(ScheduleResource), "The schedule")},
+                params=[AGENT, sid],
+            ),
+            "put": _op(
+                "Replace an API-made schedule",
+                {"200": _json(_ref(ScheduleResource), "Replaced")},
+                params=[AGENT, sid],
+                body=ScheduleSpec,
+                errors=("400", "401", "404", "409", "503"),
+            ),
+            "patch": _op(
+                "Replace an API-made schedule (same as PUT)",
+                {"200": _json(_ref(ScheduleResource), "Replaced")},
+                params=[AGENT, sid],
+                body=ScheduleSpec,
+                errors=("400", "401", "404", "409", "503"),
+            ),
+            "delete": _op(
+                "Delete an API-made schedule",
+                {"200": _json(_ref(Deleted), "Deleted")},
+                params=[AGENT, sid],
+                errors=("401", "404", "409", "503"),
+            ),
+        },
+        "/v1/channels/{channel}/webhook/{agent}": {
+            "post": _op(
+                "An update a chat provider pushes (Telegram webhook mode); the channel checks "
+                "the provider's secret, no bearer token",
+                {"200": _json(_ref(Taken), "Taken")},
+                params=[_param("channel", "path", "Channel id"), AGENT],
+                body=None,
+                errors=("400", "401", "404", "413", "503"),
+                open_=True,
+            )
+        },
         session + "/messages": {
             "get": _op(
                 "History, newest first",
@@ -347,6 +423,12 @@ def _constrain(components: dict[str, Any]) -> None:
         for prop in components[name]["properties"].values():
             if prop.get("type") == "string":
                 prop.update(no_nul)
+    # A schedule must say where its replies go ("none" is an answer; leaving it out is refused
+    # with schedule_missing_delivery). Expressions, zones and sessions are checked by the server
+    # (schedule_invalid): no schema can say which cron expressions exist.
+    spec = components["ScheduleSpec"]
+    spec["required"] = sorted({*spec.get("required", []), "deliver"})
+    spec["properties"]["task"].update(minLength=1, pattern=NOT_BLANK)
 
 
 @functools.cache

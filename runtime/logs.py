@@ -50,7 +50,8 @@ def configure(format: str = "auto", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)
-    for noisy in ("uvicorn.access", "nats"):
+    # httpx2 logs every request at INFO (a channel send each), with its URL.
+    for noisy in ("uvicorn.access", "nats", "httpx2"):
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
 
 

@@ -46,7 +46,7 @@ from schemathesis.specs.openapi.checks import (
 from starlette.routing import Route
 
 from gateways import create_app
-from gateways.auth import OPEN_PATHS
+from gateways.auth import OPEN_PATHS, WEBHOOK_PREFIX
 from tests.conftest import ApiFactory, ApiServer
 from tests.turns import wait_end
 
@@ -66,8 +66,42 @@ CONFORMANCE = [
 # Plus, for generated requests: valid ones accepted, invalid ones refused.
 CHECKS = [*CONFORMANCE, positive_data_acceptance, negative_data_rejection]
 # Refusals of schema-valid requests that no schema could prevent: `before` must name a turn of
-# this agent that exists. (operation, error code, error field)
-BY_DATA = frozenset({("GET /v1/agents/{agent}/turns", "turns_page_invalid", "before")})
+# this agent that exists; a delivery must name a channel the agent has; a schedule's expression,
+# time zone and session key are checked by the server (cron syntax, the IANA database).
+# (operation, error code, error field)
+_SCHEDULE = "/v1/agents/{agent}/schedules"
+_SCHEDULE_WRITES = (f"POST {_SCHEDULE}", f"PUT {_SCHEDULE}/{{schedule}}",
+                    f"PATCH {_SCHEDULE}/{{schedule}}")  # fmt: skip
+BY_DATA = frozenset(
+    {
+        ("GET /v1/agents/{agent}/turns", "turns_page_invalid", "before"),
+        ("POST /v1/agents/{agent}/messages", "deliver_invalid", "deliver.channel"),
+        *(
+            (label, code, field)
+            for label in _SCHEDULE_WRITES
+            for code, field in (
+                ("schedule_invalid", "expr"),
+                ("schedule_invalid", "timezone"),
+                ("schedule_invalid", "session"),
+                ("schedule_invalid", "deliver"),
+                ("schedule_invalid", "id"),
+                ("schedule_invalid", "task"),
+                ("deliver_invalid", "deliver.channel"),
+            )
+        ),
+    }
+)
+# Operations no generated request can make succeed here: stop (the pinned turn has ended), a
+# schedule's creation and replacement (a valid cron expression or duration, a real time zone, and
+# for a replacement the path's id: beyond a schema; test_schedule_writes_by_hand sends them), the
+# channel webhook (the default agent has no channel in webhook mode).
+NEEDS_DATA = frozenset({
+    STOP,
+    f"POST {_SCHEDULE}",
+    f"PUT {_SCHEDULE}/{{schedule}}",
+    f"PATCH {_SCHEDULE}/{{schedule}}",
+    "POST /v1/channels/{channel}/webhook/{agent}",
+})  # fmt: skip
 # The server ignores query parameters it does not know (as v1 clients expect), and the token is
 # sent by the test (a token the generator made up can only be refused).
 CONFIG = {"generation": {"allow-extra-parameters": False, "with-security-parameters": False}}
@@ -270,13 +304,19 @@ async def document(api: ApiServer) -> dict[str, Any]:
 
 
 async def finished_turn(api: ApiServer) -> tuple[str, str]:
-    """A turn that ran the calculator and ended: its id and session key."""
+    """A turn that ran the calculator and ended: its id and session key. Also a schedule
+    (``fuzz-known``, far in the future) for the schedule operations to find."""
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers) as client:
         answer = await client.post(
             "/v1/agents/assistant/messages",
             json={"text": "calculate 6*7", "sessionKey": "fuzz:known"},
         )
+        made = await client.post("/v1/agents/assistant/schedules", json={
+            "id": "fuzz-known", "kind": "at", "expr": "2035-01-01T00:00:00Z", "task": "hi",
+            "deliver": "none",
+        })  # fmt: skip
     assert answer.status_code == 202, answer.text
+    assert made.status_code in (201, 409), made.text
     turn_id: str = answer.json()["turnId"]
     await wait_end(api.node, turn_id)
     return turn_id, "fuzz:known"
@@ -339,23 +379,24 @@ async def test_open_paths_are_documented_without_security(api: ApiServer) -> Non
 async def test_generated_requests_on_an_open_server(api: ApiServer) -> None:
     turn_id, key = await finished_turn(api)
     anywhere = await in_child(Job(kind="fuzz", url=api.url, headers={}, pinned={}))
-    pinned = {"agent": "assistant", "turn_id": turn_id, "key": key}
+    pinned = {"agent": "assistant", "turn_id": turn_id, "key": key, "schedule": "fuzz-known"}
     known = await in_child(Job(kind="fuzz", url=api.url, headers={}, pinned=pinned))
     problems = anywhere["problems"] + known["problems"]
     assert problems == [], "\n".join(problems)
-    # Pinned to an agent, a turn and a session that exist, valid requests reach the handlers:
-    # every operation succeeds at least once (stop answers 409: the turn has ended).
-    assert successes(known) == fuzzed(known) - {STOP}, known["statuses"]
+    # Pinned to an agent, a turn, a session and a schedule that exist, valid requests reach the
+    # handlers: every operation succeeds at least once but those that need what no generator
+    # can know (see NEEDS_DATA).
+    assert successes(known) == fuzzed(known) - NEEDS_DATA, known["statuses"]
 
 
 @pytest.mark.asyncio
 async def test_generated_requests_with_a_token(api_factory: ApiFactory) -> None:
     api = await api_factory.start(tokens=["fuzz-secret"])
     turn_id, key = await finished_turn(api)
-    pinned = {"agent": "assistant", "turn_id": turn_id, "key": key}
+    pinned = {"agent": "assistant", "turn_id": turn_id, "key": key, "schedule": "fuzz-known"}
     known = await in_child(Job(kind="fuzz", url=api.url, headers=api.headers, pinned=pinned))
     assert known["problems"] == [], "\n".join(known["problems"])
-    assert successes(known) == fuzzed(known) - {STOP}, known["statuses"]
+    assert successes(known) == fuzzed(known) - NEEDS_DATA, known["statuses"]
 
 
 # ---- requests written by hand: the 401s and the streams --------------------------------------
@@ -365,7 +406,8 @@ async def test_generated_requests_with_a_token(api_factory: ApiFactory) -> None:
 async def test_every_operation_refuses_a_missing_or_wrong_token(api_factory: ApiFactory) -> None:
     api = await api_factory.start(tokens=["fuzz-secret"])
     labels = (await in_child(Job(kind="validate", url=api.url)))["operations"]
-    values = {"agent": "assistant", "turn_id": "t-nope", "key": "k"}
+    values = {"agent": "assistant", "turn_id": "t-nope", "key": "k", "schedule": "s",
+              "channel": "telegram"}  # fmt: skip
     requests: list[Request] = []
     for label in labels:
         path = label.split(" ", 1)[1]
@@ -381,8 +423,14 @@ async def test_every_operation_refuses_a_missing_or_wrong_token(api_factory: Api
         (request["label"], bool(request.get("headers"))): status
         for request, (status, _) in zip(requests, report["answers"], strict=True)
     }
+    # The channel webhook is open (the provider sends no token; the channel checks its own
+    # secret): for an agent without such a channel it is 404, token or not.
     assert statuses == {
-        (label, wrong): 200 if label.split(" ", 1)[1] in OPEN_PATHS else 401
+        (label, wrong): 200
+        if label.split(" ", 1)[1] in OPEN_PATHS
+        else 404
+        if label.split(" ", 1)[1].startswith(WEBHOOK_PREFIX)
+        else 401
         for label in labels
         for wrong in (False, True)
     }
@@ -422,6 +470,30 @@ async def test_the_streams_error_paths_and_an_ended_turn(api: ApiServer) -> None
     assert report["problems"] == [], "\n".join(report["problems"])
     assert [status for status, _ in report["answers"]] == [status for _, status in cases]
     assert "event: stream.ended" in report["answers"][-1][1]
+
+
+@pytest.mark.asyncio
+async def test_schedule_writes_by_hand(api: ApiServer) -> None:
+    """The schedule operations no generator reaches, with valid requests, against the document."""
+    create = f"POST {_SCHEDULE}"
+    one = f"{_SCHEDULE}/{{schedule}}"
+    path = {"agent": "assistant", "schedule": "by-hand"}
+    spec = {"id": "by-hand", "kind": "every", "expr": "1h", "task": "hi", "deliver": "none"}
+    cases: list[tuple[Request, int]] = [
+        (Request(label=create, path={"agent": "assistant"}, body=spec), 201),
+        (Request(label=create, path={"agent": "assistant"}, body=spec), 409),
+        (Request(label=f"PUT {one}", path=path, body={**spec, "expr": "2h"}), 200),
+        (Request(label=f"PATCH {one}", path=path, body={**spec, "enabled": False}), 200),
+        (Request(label=f"GET {one}", path=path), 200),
+        (Request(label=f"POST {one}/run", path=path), 202),
+        (Request(label=f"DELETE {one}", path=path), 200),
+        (Request(label=f"GET {one}", path=path), 404),
+    ]
+    report = await in_child(
+        Job(kind="send", url=api.url, requests=[request for request, _ in cases])
+    )
+    assert report["problems"] == [], "\n".join(report["problems"])
+    assert [status for status, _ in report["answers"]] == [status for _, status in cases]
 
 
 # NUL cannot be stored by Postgres (neither in text nor in jsonb): a request that carries one is

@@ -20,6 +20,7 @@ import functools
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from importlib import resources
@@ -80,6 +81,8 @@ class OutboxActor(LoopActor):
         self._rng = random.Random()  # noqa: S311 - retry jitter, not a secret
         self._wake = asyncio.Event()  # touched on the loop only (this actor runs there)
         self._busy: dict[str, asyncio.Task[None]] = {}
+        self._ready: deque[Item] = deque()
+        """Due items read ahead, not started yet (their channel had no free slot)."""
         self._slots: dict[tuple[str, str], int] = {}
         self._task: asyncio.Task[None] | None = None
         self._drainer: asyncio.Task[None] | None = None
@@ -141,7 +144,11 @@ class OutboxActor(LoopActor):
                     checked = time.monotonic()
                     self.recovered += await self._recover()  # another host's dead node
                 started = await self._start_due()
-                wait = await self._next_wait() if not started else 0.0
+                if started:
+                    wait = 0.0
+                elif not self._ready:
+                    wait = await self._next_wait()
+                # else: what was read waits for a slot; a finished send wakes the loop
             except StoreError as e:
                 log.warning("outbox_read_failed", error=e.message)
             if wait > 0:
@@ -149,22 +156,37 @@ class OutboxActor(LoopActor):
                     await asyncio.wait_for(self._wake.wait(), min(wait, self._poll_s))
 
     async def _start_due(self) -> int:
-        room = self._max_in_flight - len(self._busy)
-        if room <= 0:
-            return 0
-        rows = await self._store.afetch(_DUE, {"busy": list(self._busy), "limit": room})
+        """Start what the free slots allow, from the items read ahead; read more (one query)
+        when few are left. Reading ahead matters: the due query costs milliseconds with a deep
+        outbox, so it runs once per batch of sends, not once per freed slot."""
+        started = self._start_ready()
+        if len(self._ready) <= self._max_in_flight // 4:
+            room = self._max_in_flight - len(self._busy) - len(self._ready)
+            if room > 0:
+                known = [*self._busy, *(item.item_id for item in self._ready)]
+                rows = await self._store.afetch(_DUE, {"busy": known, "limit": room})
+                self._ready.extend(Item(**dict(zip(_ITEM_FIELDS, r, strict=True))) for r in rows)
+                started += self._start_ready()
+        return started
+
+    def _start_ready(self) -> int:
+        """Start the items read ahead whose channel has a free slot (in due order); the others
+        wait for one."""
         started = 0
-        for row in rows:
-            item = Item(**dict(zip(_ITEM_FIELDS, row, strict=True)))
+        waiting: deque[Item] = deque()
+        while self._ready:
+            item = self._ready.popleft()
             channel = self._channels(item.agent_id, item.channel_id)
             slot = (item.agent_id, item.channel_id)
             if channel is not None and self._slots.get(slot, 0) >= channel.concurrency:
-                continue  # this channel is full; the item waits for a slot
+                waiting.append(item)
+                continue
             self._slots[slot] = self._slots.get(slot, 0) + 1
             task = self._loop.create_task(self._deliver(item, channel))
             self._busy[item.item_id] = task
             task.add_done_callback(functools.partial(self._freed, item.item_id, slot))
             started += 1
+        self._ready = waiting
         return started
 
     def _freed(self, item_id: str, slot: tuple[str, str], _task: asyncio.Task[None]) -> None:
