@@ -29,7 +29,7 @@ from actors.messages import (
 )
 from actors.session import IDLE_FOR, Accepting, Pending, SessionActor
 from eventstore import EventStore, StoreError, WrongExpectedVersion, streams
-from eventstore.catalogue import TurnStart
+from eventstore.catalogue import Deliver, TurnStart
 
 log = structlog.get_logger("dispach.engine")
 
@@ -91,15 +91,9 @@ class Engine:
                 field="agentId",
             )
         if submit.deliver is not None:
-            channels = self.agents[submit.agent_id].channels
-            if submit.deliver.channel not in channels:
-                return Refused(
-                    code="deliver_invalid",
-                    message=f"agent {submit.agent_id!r} has no channel {submit.deliver.channel!r}",
-                    hint=f"channels of this agent: {', '.join(sorted(channels)) or 'none'}; "
-                    "declare one under channels: in its manifest, or leave deliver out",
-                    field="deliver.channel",
-                )
+            refused = _deliver_problem(self.agents[submit.agent_id], submit.deliver)
+            if refused is not None:
+                return refused
         if submit.idempotency_key is not None:
             keyed = await self._keyed(submit, submit.idempotency_key)
             if not isinstance(keyed, Submit):
@@ -241,6 +235,23 @@ class Engine:
                         if self._sessions.get(key) is ref:
                             del self._sessions[key]
                     ref.stop(block=False)
+
+
+def _deliver_problem(agent: Agent, deliver: Deliver) -> Refused | None:
+    channel = agent.channels.get(deliver.channel)
+    if channel is None:
+        return Refused(
+            code="deliver_invalid",
+            message=f"agent {agent.id!r} has no channel {deliver.channel!r}",
+            hint=f"channels of this agent: {', '.join(sorted(agent.channels)) or 'none'}; "
+            "declare one under channels: in its manifest, or leave deliver out",
+            field="deliver.channel",
+        )
+    problem = channel.target_problem(deliver.to, deliver.thread)
+    if problem is not None:
+        hint = f"name a recipient the {channel.type} channel {channel.id!r} can reach"
+        return Refused(code="deliver_invalid", message=problem, hint=hint, field="deliver.to")
+    return None
 
 
 def _not_accepted(e: StoreError) -> Refused:

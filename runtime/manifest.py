@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Collection
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -181,7 +181,7 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
     return agent
 
 
-def check_schedules(manifest: Manifest, channels: Collection[str]) -> None:
+def check_schedules(manifest: Manifest, channels: Mapping[str, Channel]) -> None:
     """Schedules are validated when they are written: for a manifest, at load."""
     seen: set[str] = set()
     now = datetime.now(UTC)
@@ -192,11 +192,8 @@ def check_schedules(manifest: Manifest, channels: Collection[str]) -> None:
                                   message=f"schedule id {spec.id!r} is declared twice",
                                   hint="give each schedule of an agent its own id")  # fmt: skip
         deliver = spec.deliver
-        if problem is None and isinstance(deliver, Deliver) and deliver.channel not in channels:
-            known = ", ".join(sorted(channels)) or "none"
-            problem = ErrorDetail(code="deliver_invalid", field="deliver.channel",
-                                  message=f"no channel {deliver.channel!r} on this agent",
-                                  hint=f"channels of this agent: {known}")  # fmt: skip
+        if problem is None and isinstance(deliver, Deliver):
+            problem = _target_problem(deliver, channels)
         if problem is not None:
             raise ManifestError(
                 f"agent {manifest.id!r}, schedule {spec.id!r}: {problem.message}",
@@ -204,6 +201,20 @@ def check_schedules(manifest: Manifest, channels: Collection[str]) -> None:
                 field=f"schedules[{index}].{problem.field}" if problem.field else "schedules",
             )
         seen.add(spec.id)
+
+
+def _target_problem(deliver: Deliver, channels: Mapping[str, Channel]) -> ErrorDetail | None:
+    channel = channels.get(deliver.channel)
+    if channel is None:
+        known = ", ".join(sorted(channels)) or "none"
+        return ErrorDetail(code="deliver_invalid", field="deliver.channel",
+                           message=f"no channel {deliver.channel!r} on this agent",
+                           hint=f"channels of this agent: {known}")  # fmt: skip
+    problem = channel.target_problem(deliver.to, deliver.thread)
+    if problem is None:
+        return None
+    return ErrorDetail(code="deliver_invalid", field="deliver.to", message=problem,
+                       hint=f"a recipient the {channel.type} channel can reach")  # fmt: skip
 
 
 def _channels(manifest: Manifest, env: dict[str, str]) -> dict[str, Channel]:

@@ -407,6 +407,24 @@ async def test_the_bot_token_is_never_logged_nor_recorded(
     assert TOKEN not in logged and TOKEN not in out and TOKEN not in err
 
 
+@pytest.mark.asyncio
+async def test_a_recipient_telegram_cannot_reach_is_refused_when_the_message_is_sent(
+    api_factory: ApiFactory, fake: FakeTelegram
+) -> None:
+    api = await start(api_factory, fake)
+    async with httpx.AsyncClient(base_url=api.url) as client:
+        bad = [{"channel": "telegram", "to": "bob"},
+               {"channel": "telegram", "to": "42", "thread": "general"}]  # fmt: skip
+        answers = [await client.post("/v1/agents/tg/messages", json={"text": "hi", "deliver": d})
+                   for d in bad]  # fmt: skip
+        channel = {"channel": "telegram", "to": "@news_channel"}
+        good = await client.post("/v1/agents/tg/messages", json={"text": "hi", "deliver": channel})
+    assert [a.status_code for a in answers] == [400, 400]
+    assert all(a.json()["error"]["code"] == "deliver_invalid" for a in answers)
+    assert answers[0].json()["error"]["field"] == "deliver.to"
+    assert good.status_code == 202, good.text
+
+
 async def _n(events: Awaitable[list[RecordedEvent]], n: int) -> list[RecordedEvent]:
     got = await events
     return got if len(got) >= n else []

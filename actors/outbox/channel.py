@@ -58,6 +58,11 @@ class Channel(Protocol):
     allow_from: frozenset[str]
     """Inbound: who may talk to the agent (ids, ``@handles``, or ``*``); empty admits nobody."""
 
+    def target_problem(self, to: str, thread: str | None) -> str | None:
+        """Why ``to`` (and ``thread``) cannot be a recipient on this channel, or None: checked
+        when a message is accepted, so a bad target is a 400, not a failed delivery later."""
+        ...
+
     async def send(self, item: Outbound) -> SendResult:
         """Send one chunk. Never raises for a provider or network failure: it is a result."""
         ...

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import re
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -31,6 +32,8 @@ from gateways.channels.config import TelegramConfig
 log = structlog.get_logger("dispach.telegram")
 
 MAX_CHARS = 4096
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+_USERNAME = re.compile(r"@[A-Za-z][A-Za-z0-9_]{3,31}")
 _POLL_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 30.0)
 _SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
 
@@ -107,8 +110,19 @@ class TelegramChannel:
 
     # --- outbound -----------------------------------------------------------------------------
 
+    def target_problem(self, to: str, thread: str | None) -> str | None:
+        if not (_INTEGER.fullmatch(to) or _USERNAME.fullmatch(to)):
+            return (f"{to!r} is not a Telegram chat: give the numeric chat id (a private chat "
+                    "needs it) or @channelusername")  # fmt: skip
+        if thread is not None and not _INTEGER.fullmatch(thread):
+            return f"thread {thread!r} is not a forum topic id (a number)"
+        return None
+
     async def send(self, item: Outbound) -> SendResult:
         payload: dict[str, Any] = {"chat_id": _chat(item.to), "text": item.text}
+        problem = self.target_problem(item.to, item.thread)
+        if problem is not None:  # accepted before this check existed, or by another version
+            return SendResult(ok=False, code="telegram_target_invalid", error=problem)
         if item.thread is not None:
             payload["message_thread_id"] = int(item.thread)
         headers = {"x-dispach-uncertain": "1"} if item.uncertain else None

@@ -64,6 +64,9 @@ class WebhookChannel:
     def __repr__(self) -> str:  # the secret stays out of logs and tracebacks
         return f"WebhookChannel(id={self.id!r}, url={self._url!r})"
 
+    def target_problem(self, to: str, thread: str | None) -> str | None:
+        return None  # `to` is a label for the receiver: anything goes
+
     async def start(self, inbound: Inbound) -> None:
         return None  # outbound only
 
