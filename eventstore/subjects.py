@@ -63,4 +63,8 @@ def turn(turn_id: str) -> str:
 
 
 def outbox(channel: str) -> str:
+    """Replies were promised to ``channel``: outboxes on other nodes look now, not at their poll."""
     return f"{PREFIX}.outbox.{token(channel)}"
+
+
+OUTBOX_ALL = f"{PREFIX}.outbox.*"

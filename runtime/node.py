@@ -26,7 +26,15 @@ from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
 from actors.router import Router
 from actors.schedule.actor import SchedulerActor
-from eventstore import ASYNC, INLINE, EventStore, NatsHints, ProjectionRunner, RecordedEvent
+from eventstore import (
+    ASYNC,
+    INLINE,
+    EventStore,
+    NatsHints,
+    ProjectionRunner,
+    RecordedEvent,
+    subjects,
+)
 from eventstore.catalogue import DeliveryEnqueued
 from eventstore.errors import DispachError
 from eventstore.feed import Feed
@@ -153,6 +161,7 @@ class Node:
             OutboxActor, self._portal, store, self.channel, self.node_id,
             poll_s=self.settings.outbox_poll_seconds,
         )  # fmt: skip
+        await self._hints_nc.subscribe(subjects.OUTBOX_ALL, cb=self._on_kick)
         self.scheduler = self.actors.start(SchedulerActor, self.engine)
         for agent in self.agents.values():
             for channel in agent.channels.values():
@@ -180,9 +189,22 @@ class Node:
         # Runs on the writer thread, right after a commit: hand the hint to the loop.
         if self._portal is not None and self._hints is not None:
             self._portal.spawn(self._announce(committed))
-        outbox = self._outbox
-        if outbox is not None and any(e.type == DeliveryEnqueued.TYPE for e in committed):
-            outbox.tell(KICK)  # a reply was promised: send it now, not at the next poll
+        promised = {e.data.channel_id for e in committed if isinstance(e.data, DeliveryEnqueued)}
+        if promised and self._outbox is not None:
+            self._outbox.tell(KICK)  # a reply was promised: send it now, not at the next poll
+            if self._portal is not None:
+                self._portal.spawn(self._kick_others(promised))
+
+    async def _kick_others(self, channels: set[str]) -> None:
+        """Tell the other nodes' outboxes (on the no-echo connection: not this node's own)."""
+        if self._hints_nc is not None and self._hints_nc.is_connected:
+            for channel in channels:
+                with contextlib.suppress(nats.errors.Error):
+                    await self._hints_nc.publish(subjects.outbox(channel), b"")
+
+    async def _on_kick(self, _msg: Any) -> None:
+        if self._outbox is not None:
+            self._outbox.tell(KICK)
 
     async def _announce(self, committed: Sequence[RecordedEvent]) -> None:
         """Wake this node's readers, then tell the other nodes."""

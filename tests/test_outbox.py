@@ -230,3 +230,55 @@ def test_item_keys_are_derived_and_stable() -> None:
     assert key != item_key("a", "s", "t_1", target, 1)
     assert key != item_key("a", "s", "t_1", Deliver(channel="hooks", to="ops", thread="7"), 0)
     assert key.startswith("o_") and len(key) == 27 and key.isascii()
+
+
+@pytest.mark.asyncio
+async def test_outboxes_on_other_nodes_are_woken_over_nats(
+    api_factory: ApiFactory, receiver: WebhookReceiver, servers: Any, schema: str
+) -> None:
+    """A node that promises a reply tells the other nodes' outboxes on `dispach.outbox.<channel>`
+    (they need not wait for their poll); an outbox woken that way sends at once."""
+    import nats
+
+    from actors.outbox.plan import item_key
+    from eventstore import EventStore, Metadata, NewEvent
+    from eventstore.catalogue import Deliver, DeliveryEnqueued
+    from eventstore.projections import INLINE
+
+    api_factory.write_agent("hooked", hooked(receiver.url))
+    api = await api_factory.start(outbox_poll_seconds=60.0)  # only a kick can wake it
+    other_node = await nats.connect(servers.nats_url)
+    kicks: list[str] = []
+
+    async def heard(msg: Any) -> None:
+        kicks.append(msg.subject)
+
+    await other_node.subscribe("dispach.outbox.*", cb=heard)
+    try:
+        # This node's own promise goes out to the others.
+        await send(api, "hello")
+        await asyncio.to_thread(receiver.wait_for, 1, 10.0)
+        for _ in range(100):
+            if kicks:
+                break
+            await asyncio.sleep(0.02)
+        assert kicks == ["dispach.outbox.hooks"]
+        # Another node's promise (appended by a store of its own) reaches this node's outbox.
+        store = EventStore(servers.database_url, schema=schema, inline=INLINE)
+        await asyncio.to_thread(store.open)
+        try:
+            target = Deliver(channel="hooks", to="ops")
+            meta = Metadata(agent_id="hooked", session_key="elsewhere", turn_id="t_elsewhere")
+            event = DeliveryEnqueued(channel_id="hooks", to="ops", chunk_index=0, chunk_total=1,
+                                     key=item_key("hooked", "elsewhere", "t_elsewhere", target, 0),
+                                     text="from another node")  # fmt: skip
+            await asyncio.to_thread(
+                store.append, "turn-t_elsewhere", [NewEvent(event=event, metadata=meta)]
+            )
+        finally:
+            await asyncio.to_thread(store.close)
+        await other_node.publish("dispach.outbox.hooks", b"")
+        kept = await asyncio.to_thread(receiver.wait_for, 2, 5.0)
+        assert any(body["text"] == "from another node" for body in kept.values())
+    finally:
+        await other_node.close()
