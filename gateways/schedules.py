@@ -8,6 +8,7 @@ manifest declares belong to the manifest (409 ``schedule_manifest_owned``): edit
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -91,19 +92,18 @@ async def create_schedule(request: Request) -> Response:
 async def replace_schedule(request: Request) -> Response:
     target = agent(request)
     sid = request.path_params["schedule"]
-    current = await _writable(request, target.id, sid)
+    await _writable(request, target.id, sid)
     spec = _checked(request, target.id, await read_body(request), sid)
-    await _change(request, DefineSchedule(agent_id=target.id, spec=spec, owner="api",
-                                          expected=current.version))  # fmt: skip
+    await _change_current(request, target.id, sid, lambda version: DefineSchedule(
+        agent_id=target.id, spec=spec, owner="api", expected=version))  # fmt: skip
     return json_response(await _one(request, target.id, sid))
 
 
 async def delete_schedule(request: Request) -> Response:
     target = agent(request)
     sid = request.path_params["schedule"]
-    current = await _writable(request, target.id, sid)
-    await _change(request, RemoveSchedule(agent_id=target.id, schedule_id=sid,
-                                          expected=current.version))  # fmt: skip
+    await _change_current(request, target.id, sid, lambda version: RemoveSchedule(
+        agent_id=target.id, schedule_id=sid, expected=version))  # fmt: skip
     return json_response(Deleted(sid))
 
 
@@ -171,6 +171,26 @@ async def _change(request: Request, change: DefineSchedule | RemoveSchedule) -> 
                        "read it again and retry") from e  # fmt: skip
     except StoreError as e:
         raise store_error(e) from e
+
+
+async def _change_current(
+    request: Request,
+    agent_id: str,
+    sid: str,
+    change: Callable[[int], DefineSchedule | RemoveSchedule],
+) -> None:
+    """Replace or remove a schedule as it is now. A tick of its clock appends to the same stream
+    (schedule.fired), which moves the version without changing the definition: the change is
+    made again on a fresh read rather than refused."""
+    for attempt in range(3):
+        current = await _writable(request, agent_id, sid)
+        try:
+            await _change(request, change(current.version))
+        except ApiError as e:
+            if e.code != "schedule_conflict" or attempt == 2:
+                raise
+        else:
+            return
 
 
 def _scheduler(request: Request) -> Any:

@@ -34,7 +34,15 @@ from actors.messages import (
 )
 from actors.schedule import plan
 from actors.schedule.plan import ScheduleSpec
-from eventstore import NO_STREAM, Metadata, NewEvent, StoreError, WrongExpectedVersion, streams
+from eventstore import (
+    NO_STREAM,
+    AppendResult,
+    Metadata,
+    NewEvent,
+    StoreError,
+    WrongExpectedVersion,
+    streams,
+)
 from eventstore.catalogue import ScheduleDefined, ScheduleFired, ScheduleRemoved, ScheduleSkipped
 from eventstore.event import Event
 
@@ -72,7 +80,6 @@ class SchedulerActor(LoopActor):
         self._grace = grace
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._running: set[asyncio.Task[Any]] = set()
 
     def on_start(self) -> None:
         self._task = self._loop.create_task(self._run(), name="scheduler")
@@ -89,9 +96,7 @@ class SchedulerActor(LoopActor):
             case "kick":
                 self._wake.set()
             case DefineSchedule() | RemoveSchedule() as change:
-                future = self._append_change(change)
-                future.add_done_callback(lambda _f: self._wake.set())
-                return future
+                return Portal(self._loop).spawn(self._change(change))
             case RunSchedule(agent_id=agent_id, schedule_id=sid):
                 return Portal(self._loop).spawn(self._run_now(agent_id, sid))
         return None
@@ -118,14 +123,23 @@ class SchedulerActor(LoopActor):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, min(wait, _HORIZON_S)))
 
     async def _tick(self, now: datetime) -> float:
-        """Fire what is due, record what was missed; returns seconds until the next due."""
+        """Fire what is due, record what was missed; returns seconds until the next due.
+
+        An append refused because the stream moved (another node recorded the tick, or the
+        schedule was replaced) makes the next tick come at once: it reads the schedule again and
+        either finds the tick recorded or fires it again, which its key turns into a replay.
+        Waiting for the next due instead would leave the tick unrecorded, counted as missed."""
         soonest = _HORIZON_S
         for row in await self._rows():
             spec = row.spec
             if not spec.enabled:
                 continue
-            catch = plan.catch_up(spec, row.last_due, now, anchor=row.created_at,
-                                  grace=self._grace)  # fmt: skip
+            try:
+                catch = plan.catch_up(spec, row.last_due, now, anchor=row.created_at,
+                                      grace=self._grace)  # fmt: skip
+            except ValueError as e:  # validated when written; one bad row must not stop the rest
+                log.warning("schedule_unusable", agent=row.agent_id, schedule=spec.id, error=str(e))
+                continue
             version = row.version
             if catch.missed:
                 skipped = ScheduleSkipped(
@@ -133,31 +147,35 @@ class SchedulerActor(LoopActor):
                     missed_at_least=catch.missed_at_least, up_to=_missed_up_to(catch, row, now),
                 )  # fmt: skip
                 if not await self._append(row.agent_id, spec.id, skipped, version):
-                    continue  # another node moved this schedule: read it again next tick
+                    soonest = 0.0
+                    continue
                 version += 1
-            if catch.fire is not None:
-                await self._fire(row.agent_id, spec, catch.fire, now, version)
+            fire = catch.fire
+            if fire is not None and not await self._fire(row.agent_id, spec, fire, now, version):
+                soonest = 0.0
             if catch.next is not None:
                 soonest = min(soonest, (catch.next - now).total_seconds())
         return soonest
 
     async def _fire(
         self, agent_id: str, spec: ScheduleSpec, due: datetime, now: datetime, version: int
-    ) -> None:
+    ) -> bool:
+        """Submit the tick's turn and record it; False if the record lost to another writer."""
         accepted = await self._submit(agent_id, spec, due)
         if not isinstance(accepted, Accepted):
             log.warning("schedule_not_accepted", agent=agent_id, schedule=spec.id,
                         code=accepted.code, error=accepted.message)  # fmt: skip
-            return
+            return True  # nothing to record; the tick is counted as missed at the next one
         drift = int((now - due).total_seconds() * 1000)
         fired = ScheduleFired(
             schedule_id=spec.id, kind=spec.kind, drift_ms=max(drift, 0),
             late=drift > self._grace.total_seconds() * 1000, due=due.isoformat(),
             turn_id=accepted.turn_id, session_key=accepted.session_key,
         )  # fmt: skip
-        await self._append(agent_id, spec.id, fired, version)
+        recorded = await self._append(agent_id, spec.id, fired, version)
         log.info("schedule_fired", agent=agent_id, schedule=spec.id, turn=accepted.turn_id,
-                 drift_ms=drift, replayed=accepted.replayed)  # fmt: skip
+                 drift_ms=drift, replayed=accepted.replayed, recorded=recorded)  # fmt: skip
+        return recorded
 
     async def _submit(self, agent_id: str, spec: ScheduleSpec, due: datetime) -> Accepted | Refused:
         return await self._engine.submit(
@@ -173,8 +191,7 @@ class SchedulerActor(LoopActor):
 
     async def _run_now(self, agent_id: str, schedule_id: str) -> Accepted | Refused:
         """Fire out of band (``POST …/schedules/{id}/run``): a turn now, the clock untouched."""
-        rows = {(r.agent_id, r.spec.id): r for r in await self._rows()}
-        row = rows.get((agent_id, schedule_id))
+        row = await self._row(agent_id, schedule_id)
         if row is None:
             return Refused(code="schedule_not_found", message=f"no schedule {schedule_id!r}",
                            hint=f"GET /v1/agents/{agent_id}/schedules lists them")  # fmt: skip
@@ -185,7 +202,13 @@ class SchedulerActor(LoopActor):
                 schedule_id=schedule_id, kind=row.spec.kind, drift_ms=0, due=now.isoformat(),
                 turn_id=result.turn_id, session_key=result.session_key, manual=True,
             )  # fmt: skip
-            await self._append(agent_id, schedule_id, fired, row.version)
+            # The turn runs whatever happens here; its record must not be lost to a tick of the
+            # clock appending at the same moment, so a refused append is retried on a fresh read
+            # (not with ANY: a schedule removed meanwhile must keep schedule.removed last).
+            for _ in range(3):
+                if row is None or await self._append(agent_id, schedule_id, fired, row.version):
+                    break
+                row = await self._row(agent_id, schedule_id)
         return result
 
     # --- definitions --------------------------------------------------------------------------
@@ -201,24 +224,45 @@ class SchedulerActor(LoopActor):
                 row = rows.get((agent_id, spec.id))
                 if row is not None and row.owner == "manifest" and row.spec == spec:
                     continue
-                expected = NO_STREAM if row is None else row.version
+                expected = row.version if row is not None else NO_STREAM
+                expected = await self._creatable(agent_id, spec.id, expected)
                 await self._append(agent_id, spec.id, _defined(spec, "manifest"), expected)
             for (agent, sid), row in rows.items():
                 if agent == agent_id and row.owner == "manifest" and sid not in declared:
                     await self._append(agent_id, sid, ScheduleRemoved(schedule_id=sid),
                                        row.version)  # fmt: skip
 
-    def _append_change(self, change: DefineSchedule | RemoveSchedule) -> Any:
-        if isinstance(change, DefineSchedule):
-            event: Event = _defined(change.spec, change.owner)
-            sid = change.spec.id
-        else:
-            event, sid = ScheduleRemoved(schedule_id=change.schedule_id), change.schedule_id
-        meta = Metadata(agent_id=change.agent_id)
-        return self._engine.store.submit(
-            streams.schedule(change.agent_id, sid), [NewEvent(event=event, metadata=meta)],
-            change.expected,
-        )  # fmt: skip
+    async def _change(self, change: DefineSchedule | RemoveSchedule) -> AppendResult:
+        """Append a definition or a removal, then wake the clock: a new rhythm counts now.
+
+        Runs on the loop (not as a callback of the store's future, which resolves on the writer
+        thread, where setting an asyncio.Event never wakes its waiter)."""
+        try:
+            if isinstance(change, DefineSchedule):
+                event: Event = _defined(change.spec, change.owner)
+                sid = change.spec.id
+                expected = await self._creatable(change.agent_id, sid, change.expected)
+            else:
+                event, sid = ScheduleRemoved(schedule_id=change.schedule_id), change.schedule_id
+                expected = change.expected
+            meta = Metadata(agent_id=change.agent_id)
+            return await asyncio.wrap_future(self._engine.store.submit(
+                streams.schedule(change.agent_id, sid), [NewEvent(event=event, metadata=meta)],
+                expected,
+            ))  # fmt: skip
+        finally:
+            self._wake.set()
+
+    async def _creatable(self, agent_id: str, sid: str, expected: int) -> int:
+        """The version a create expects. Streams are never deleted: a schedule removed earlier
+        left its stream behind, ending in ``schedule.removed``, and creating the id again
+        continues that stream (expecting NO_STREAM there would refuse it forever)."""
+        if expected != NO_STREAM:
+            return expected
+        last = await self._engine.store.alast(streams.schedule(agent_id, sid))
+        if last is not None and isinstance(last.data, ScheduleRemoved):
+            return last.version
+        return expected
 
     async def _append(self, agent_id: str, sid: str, event: Event, expected: int) -> bool:
         meta = Metadata(agent_id=agent_id)
@@ -229,6 +273,10 @@ class SchedulerActor(LoopActor):
         except WrongExpectedVersion:
             return False
         return True
+
+    async def _row(self, agent_id: str, schedule_id: str) -> Row | None:
+        rows = {(r.agent_id, r.spec.id): r for r in await self._rows()}
+        return rows.get((agent_id, schedule_id))
 
     async def _rows(self) -> list[Row]:
         found = await self._engine.store.afetch(_SQL, {"agents": sorted(self._engine.agents)})
