@@ -19,6 +19,7 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from actors.messages import Accepted, Refused, StopResult
+from actors.outbox import Channel
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
 from eventstore.catalogue import EndReason
 from eventstore.feed import Feed
@@ -56,8 +57,8 @@ class Runtime(Protocol):
 
     def agent_details(self) -> dict[str, AgentDetail]: ...
 
-    def channel(self, agent_id: str, channel_id: str) -> object | None:
-        """An agent's channel (for inbound webhooks), if it has that one."""
+    def channel(self, agent_id: str, channel_id: str) -> Channel | None:
+        """An agent's channel, if it has that one."""
         ...
 
 

@@ -33,7 +33,7 @@ _CODES = {401: "unauthorized", 400: "request_body_invalid", 503: "not_ready"}
 
 async def channel_webhook(request: Request) -> Response:
     agent_id, channel_id = request.path_params["agent"], request.path_params["channel"]
-    channel = runtime(request).channel(agent_id, channel_id)
+    channel: object = runtime(request).channel(agent_id, channel_id)  # only some take webhooks
     if not isinstance(channel, WebhookTaker):
         raise _not_found()
     raw = await read_body(request, _HOOK_BODY_MAX)

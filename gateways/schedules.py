@@ -144,10 +144,17 @@ def _checked(
     if problem is not None:
         raise ApiError(400, problem.code, problem.message, problem.hint, problem.field)
     deliver = spec.deliver
-    if isinstance(deliver, Deliver) and runtime(request).channel(agent_id, deliver.channel) is None:
+    if not isinstance(deliver, Deliver):
+        return spec
+    channel = runtime(request).channel(agent_id, deliver.channel)
+    if channel is None:
         raise ApiError(400, "deliver_invalid", f"agent {agent_id!r} has no channel "
                        f"{deliver.channel!r}", "name a channel the agent's manifest declares, or "
                        'set deliver to "none"', "deliver.channel")  # fmt: skip
+    problem_text = channel.target_problem(deliver.to, deliver.thread)
+    if problem_text is not None:
+        hint = f"name a recipient the {channel.type} channel can reach"
+        raise ApiError(400, "deliver_invalid", problem_text, hint, "deliver.to")
     return spec
 
 
