@@ -1,7 +1,22 @@
-"""What the benchmarks share: percentiles, the results table, machine facts, and the raw
-psycopg single-row baseline each figure is set beside."""
+# ruff: noqa: E402 - the imports below must follow the sys.path fix
+"""What the benchmarks share: percentiles, the results table, machine facts, the raw psycopg
+single-row baseline each figure is set beside, and a node under test as a subprocess.
+
+A benchmark imports this module first, for the import path it leaves behind: Python puts the
+script's directory first on ``sys.path``, where bench/eventstore.py and bench/http.py would stand
+in for the ``eventstore`` package and the standard library's ``http``. Found there, this module
+takes bench/ off the front (it keeps it last, for itself) and puts the repository first.
+"""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+sys.path.append(str(_HERE))
 
 import asyncio
 import contextlib
@@ -17,10 +32,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -141,6 +155,17 @@ def machine_facts(url: str, nats_version: str, data_dir: Path | None) -> None:
             check=False,
         ).stdout.split()
         print(f"embedded data dir: {data_dir} ({' '.join(fs[2:]) or 'unknown fs'})")
+
+
+async def nats_version(url: str) -> str:
+    """The version the NATS server at ``url`` says it runs."""
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        return str(nc.connected_server_version)
+    finally:
+        await nc.close()
 
 
 def library_state() -> str:
@@ -364,7 +389,7 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     return (after[0] - before[0]) / total if total else math.nan
 
 
-def drop_schemas(url: str, schemas: Sequence[str]) -> None:
+def drop_schemas(url: str, schemas: Iterable[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for schema in schemas:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

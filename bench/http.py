@@ -1,4 +1,3 @@
-# ruff: noqa: E402 - the imports below must follow the sys.path fix
 """Benchmark of the HTTP gateway: a real ``dispach serve`` under the shared load driver, in one run.
 
     .venv/bin/python bench/http.py [--quick] [--keep]
@@ -33,17 +32,30 @@ ready); ~1 ms of server CPU per turn.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+# First: it takes this directory off the front of the import path (see its docstring).
+from _report import (
+    RawSingle,
+    cpu_seconds,
+    drop_schemas,
+    free_port,
+    machine_facts,
+    ms,
+    nats_version,
+    perf,
+    print_rows,
+    proc_status,
+    rate,
+    raw_setup,
+    raw_single,
+    run_loop,
+    section,
+    servers,
+    stop_server,
+    tail,
+    wait_ready,
+)
 
-# This file's directory holds bench/eventstore.py and this http.py, named like packages the node
-# and the standard library import; Python puts the script's directory first: take it off.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-# The packages are imported lazily (by _report.servers), after bench/ joins the path below: put
-# the repository first, so `eventstore` is the package, not bench/eventstore.py.
-sys.path.insert(0, str(_HERE.parent))
-
+# isort: split
 import argparse
 import asyncio
 import contextlib
@@ -51,36 +63,15 @@ import json
 import os
 import secrets
 import shutil
-import signal
-import socket
+import sys
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import nats
-import psycopg
-from psycopg import sql
-
-sys.path.append(str(_HERE))
-from _report import (
-    RawSingle,
-    machine_facts,
-    ms,
-    perf,
-    print_rows,
-    rate,
-    raw_setup,
-    raw_single,
-    run_loop,
-    section,
-    servers,
-)
-
 LOADGEN = Path("/work/shared/tools/loadgen/loadgen.py")
-ROOT = _HERE.parent
+ROOT = Path(__file__).resolve().parent.parent
 DISPACH = ROOT / ".venv" / "bin" / "dispach"
 AGENTS = {
     "bench": """\
@@ -126,76 +117,6 @@ RUNS = (
     Run("tool16", "bench-tool", "burst", 16),
     Run("tool128", "bench-tool", "burst", 128),
 )
-
-
-# --- the server ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def get_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            status: int = answer.status
-            return status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return 0
-
-
-async def wait_ready(server: asyncio.subprocess.Process, base: str, log: Path) -> float:
-    """Seconds from now until GET /v1/ready answers 200."""
-    started = perf()
-    while perf() - started < 120:
-        if server.returncode is not None:
-            raise SystemExit(f"dispach serve exited with {server.returncode}:\n{tail(log)}")
-        if await asyncio.to_thread(get_status, base + "/v1/ready") == 200:
-            return perf() - started
-        await asyncio.sleep(0.05)
-    raise SystemExit(f"dispach serve not ready after 120 s:\n{tail(log)}")
-
-
-def tail(log: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS, VmHWM (kB) and Threads of a live process."""
-    found: dict[str, int] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for row in f:
-            if row.startswith(("VmRSS:", "VmHWM:", "Threads:")):
-                name, value = row.split(":", 1)
-                found[name] = int(value.split()[0])
-    return found
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def stop(server: asyncio.subprocess.Process) -> int:
-    """SIGTERM, then wait for the drain (kill after 60 s)."""
-    if server.returncode is not None:
-        return server.returncode
-    server.send_signal(signal.SIGTERM)
-    try:
-        return await asyncio.wait_for(server.wait(), 60)
-    except TimeoutError:
-        server.kill()
-        await server.wait()
-        return -9
 
 
 # --- the driver ----------------------------------------------------------------------------------
@@ -352,20 +273,6 @@ def print_results(lines: Iterable[Row]) -> None:
 # --- the run -------------------------------------------------------------------------------------
 
 
-def drop_schemas(url: str, schemas: Iterable[str]) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for schema in schemas:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
-
-
-async def nats_version(url: str) -> str:
-    nc = await nats.connect(url)
-    try:
-        return str(nc.connected_server_version)
-    finally:
-        await nc.close()
-
-
 async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool) -> None:
     schema = f"bench_{secrets.token_hex(4)}"
     raw_schema = f"{schema}_raw"
@@ -418,7 +325,7 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
         )
         section("stop: SIGTERM")
         started = perf()
-        status = await stop(server)
+        status = await stop_server(server)
         print(f"dispach serve exited with {status} after {ms(perf() - started)}")
         if status != 0:
             print(tail(log))

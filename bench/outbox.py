@@ -1,4 +1,3 @@
-# ruff: noqa: E402 - the imports below must follow the sys.path fix
 """Benchmark of the outbox: drain rate to a local webhook receiver, and recovery after a restart.
 
     .venv/bin/python bench/outbox.py [--quick] [--keep] [--items N] [--concurrency C] [--profile]
@@ -39,38 +38,7 @@ without editing the library.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This file's directory holds bench/eventstore.py, named like the package the node imports;
-# Python puts the script's directory first: take it off, and put the repository first.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
-
-import argparse
-import asyncio
-import contextlib
-import json
-import math
-import multiprocessing
-import os
-import pstats
-import secrets
-import shutil
-import signal
-import socket
-import tempfile
-import time
-from collections import Counter, defaultdict, deque
-from concurrent.futures import Future
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from typing import Any
-
-import psycopg
-
-sys.path.append(str(_HERE))
+# First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
     Goal,
     Line,
@@ -84,6 +52,7 @@ from _report import (
     machine_facts,
     machine_ticks,
     ms,
+    nats_version,
     perf,
     print_table,
     proc_status,
@@ -98,6 +67,31 @@ from _report import (
     tree_cpu,
     wait_ready,
 )
+
+# isort: split
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import multiprocessing
+import os
+import pstats
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict, deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psycopg
 
 DISPACH = Path(sys.executable).parent / "dispach"
 SECRET = "bench-webhook-secret-0123456789"
@@ -592,16 +586,6 @@ def table(items: int, raw: RawSingle, first: Drain, second: Recovery, peak_kb: i
         line("node RSS at ready (recovery node)", second.ready_kb, None, mb),
         line("node RSS peak (VmHWM, recovery node)", peak_kb, None, mb),
     ]  # fmt: skip
-
-
-async def nats_version(url: str) -> str:
-    import nats
-
-    nc = await nats.connect(url)
-    try:
-        return str(nc.connected_server_version)
-    finally:
-        await nc.close()
 
 
 def others(receiver: Receiver, found: Servers) -> dict[str, int]:

@@ -1,4 +1,3 @@
-# ruff: noqa: E402 - the imports below must follow the sys.path fix
 """Benchmark of the turn engine: turns per second through the actors, in one run, on one database.
 
     .venv/bin/python bench/turns.py [--quick] [--keep] [--no-profile]
@@ -29,14 +28,28 @@ single-step and ~750 one-tool turns/s, ~1 ms of server CPU per turn.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+# First: it takes this directory off the front of the import path (see its docstring).
+from _report import (
+    Goal,
+    Line,
+    RawSingle,
+    drop_schemas,
+    line,
+    machine_facts,
+    ms,
+    pct,
+    perf,
+    print_rows,
+    print_table,
+    rate,
+    raw_setup,
+    raw_single,
+    run_loop,
+    section,
+    servers,
+)
 
-# This file's directory holds bench/eventstore.py, named like the package the node imports;
-# Python puts the script's directory first on the import path: take it off.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
+# isort: split
 import argparse
 import asyncio
 import contextlib
@@ -56,14 +69,14 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import structlog
-from psycopg import sql
 
 from actors.messages import Refused
 from actors.model import ModelEvent, ModelRequest
@@ -72,27 +85,6 @@ from eventstore.catalogue import ModelResult, ToolResult, TurnEnd
 from gateways.ingress import IngressMessage, submit
 from runtime.config import from_env
 from runtime.node import Node
-
-# Shared helpers live beside this script; appended last, so the packages above win any clash.
-sys.path.append(str(_HERE))
-from _report import (
-    Goal,
-    Line,
-    RawSingle,
-    line,
-    machine_facts,
-    ms,
-    pct,
-    perf,
-    print_rows,
-    print_table,
-    rate,
-    raw_setup,
-    raw_single,
-    run_loop,
-    section,
-    servers,
-)
 
 AGENT = "bench"
 MANIFEST = """\
@@ -137,21 +129,6 @@ class Plan:
 
 FULL = Plan(3.0, 1.0, 8.0, 4.0, 16)
 QUICK = Plan(0.5, 0.3, 2.0, 1.0, 16)
-
-
-# --- small helpers -------------------------------------------------------------------------------
-
-
-# --- machine facts -------------------------------------------------------------------------------
-
-
-# --- raw psycopg baseline ------------------------------------------------------------------------
-
-
-def drop_schemas(url: str, schemas: Iterable[str]) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        for schema in schemas:
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 # --- instrumentation (bench side only: no library code is changed) -------------------------------

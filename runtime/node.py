@@ -255,16 +255,17 @@ class Node:
         log.info("node_stopped", node=self.node_id)
 
     async def _stop_delivery(self, timeout: float) -> None:
-        """Channels stop taking messages in; the outbox starts no more sends and lets those in
-        flight finish (and be recorded), so a clean stop leaves no item in doubt. What does not
-        finish in time is flagged uncertain at the next start."""
+        """Channels stop taking messages in; the scheduler's clock stops; the outbox starts no
+        more sends and lets those in flight finish (and be recorded), so a clean stop leaves no
+        item in doubt. What does not finish in time is flagged uncertain at the next start."""
         for agent in self.agents.values():
             for channel in agent.channels.values():
                 await channel.stop()
-        if self._outbox is not None:
-            with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
-                settled = await Portal.ask(self._outbox, DRAIN, timeout)
-                await asyncio.wait_for(asyncio.wrap_future(settled), timeout)
+        for actor in (self.scheduler, self._outbox):  # both answer DRAIN with a future
+            if actor is not None:
+                with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
+                    settled = await Portal.ask(actor, DRAIN, timeout)
+                    await asyncio.wait_for(asyncio.wrap_future(settled), timeout)
 
 
 class _Server(uvicorn.Server):

@@ -115,13 +115,27 @@ class Cluster:
             await self.wait(ready, 30, "the node to be ready")
         return proc
 
-    async def crashed(self, proc: subprocess.Popen[bytes]) -> None:
-        """Wait for a node armed with a fault to kill itself there."""
+    @contextlib.asynccontextmanager
+    async def dying_at(self, fault: str) -> AsyncIterator[None]:
+        """A node armed to kill itself at ``fault``; the body leads it there, and the block ends
+        once the node is dead by kill -9."""
+        proc = await self.start(faults=fault)
+        yield
         try:
             code = await asyncio.to_thread(proc.wait, 20)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"the node did not reach its fault:\n{self.tail()}") from None
         assert code == -signal.SIGKILL, f"exit {code}, not a kill -9:\n{self.tail()}"
+
+    async def recover(self, item_id: str) -> tuple[str, bool, list[RecordedEvent]]:
+        """A second node, unarmed, until the item settles; then a clean stop (SIGTERM drains, so
+        a send still in flight finishes). Returns the item's status and uncertain flag in the
+        outbox table, and its events."""
+        proc = await self.start()
+        _, _, status, uncertain = await self.settled()
+        events = await self.store.aread_stream(streams.outbox(item_id))
+        await self.stop(proc)
+        return status, uncertain, events
 
     async def stop(self, proc: subprocess.Popen[bytes]) -> None:
         """A clean stop (SIGTERM drains the outbox): exit status 0."""
@@ -177,9 +191,6 @@ class Cluster:
         (row,) = await self.outbox()
         return row
 
-    async def item_events(self, item_id: str) -> list[RecordedEvent]:
-        return await self.store.aread_stream(streams.outbox(item_id))
-
     async def turn_ends(self, agent_id: str) -> int:
         events = await self.store.aread_scoped(agent_id=agent_id, types=["turn.end"])
         return len(events)
@@ -204,8 +215,10 @@ def telegram() -> Iterator[FakeTelegram]:
 
 
 @pytest.fixture
-def receiver() -> Iterator[WebhookReceiver]:
+def receiver(cluster: Cluster) -> Iterator[WebhookReceiver]:
+    """The receiver, with the agent ``hooked`` whose channel ``hooks`` posts to it."""
     with WebhookReceiver(SECRET) as r:
+        cluster.write_agent("hooked", WEBHOOK_AGENT.format(url=r.url))
         yield r
 
 
@@ -229,17 +242,13 @@ async def test_telegram_reply_answered_then_kill_9_is_resent_flagged(
     cluster: Cluster, telegram: FakeTelegram
 ) -> None:
     cluster.write_agent("teller", TELEGRAM_AGENT.format(url=telegram.url, on_uncertain="resend"))
-    first = await cluster.start(faults="delivery.answered")
-    telegram.push_message(CHAT, "hello over telegram")
-    await cluster.crashed(first)
+    async with cluster.dying_at("delivery.answered"):
+        telegram.push_message(CHAT, "hello over telegram")
     assert len(telegram.sent) == 1, "the provider got the reply before the node died"
     item_id, _turn, status, _ = await cluster.one_item()
     assert status == "inflight", cluster.tail()
 
-    second = await cluster.start()
-    _, _, status, uncertain = await cluster.settled()
-    events = await cluster.item_events(item_id)
-    await cluster.stop(second)
+    status, uncertain, events = await cluster.recover(item_id)
 
     sent = [s for s in telegram.sent if s["chat_id"] == CHAT]
     assert len(sent) == 2, (sent, cluster.tail())
@@ -257,17 +266,12 @@ async def test_telegram_reply_answered_then_kill_9_is_resent_flagged(
 async def test_webhook_reply_answered_then_kill_9_is_resent_with_the_same_key(
     cluster: Cluster, receiver: WebhookReceiver
 ) -> None:
-    cluster.write_agent("hooked", WEBHOOK_AGENT.format(url=receiver.url))
-    first = await cluster.start(faults="delivery.answered")
-    await cluster.post("hooked", "hello webhook", "hooks", "ops")
-    await cluster.crashed(first)
+    async with cluster.dying_at("delivery.answered"):
+        await cluster.post("hooked", "hello webhook", "hooks", "ops")
     assert len(receiver.received) == 1, cluster.tail()
     item_id, *_ = await cluster.one_item()
 
-    second = await cluster.start()
-    _, _, status, uncertain = await cluster.settled()
-    events = await cluster.item_events(item_id)
-    await cluster.stop(second)
+    status, uncertain, events = await cluster.recover(item_id)
 
     received = receiver.received
     assert len(received) == 2, (received, cluster.tail())
@@ -287,18 +291,13 @@ async def test_webhook_reply_answered_then_kill_9_is_resent_with_the_same_key(
 async def test_kill_9_after_the_attempt_is_recorded_sends_once_flagged(
     cluster: Cluster, receiver: WebhookReceiver
 ) -> None:
-    cluster.write_agent("hooked", WEBHOOK_AGENT.format(url=receiver.url))
-    first = await cluster.start(faults="delivery.attempted")
-    await cluster.post("hooked", "attempted only", "hooks", "ops")
-    await cluster.crashed(first)
+    async with cluster.dying_at("delivery.attempted"):
+        await cluster.post("hooked", "attempted only", "hooks", "ops")
     assert receiver.received == [], "the node died before sending a byte"
     item_id, _turn, status, _ = await cluster.one_item()
     assert status == "inflight", cluster.tail()
 
-    second = await cluster.start()
-    _, _, status, uncertain = await cluster.settled()
-    events = await cluster.item_events(item_id)
-    await cluster.stop(second)
+    status, uncertain, events = await cluster.recover(item_id)
 
     (request,) = receiver.received
     assert request.idempotency_key == item_id and not request.duplicate
@@ -314,18 +313,13 @@ async def test_kill_9_after_the_attempt_is_recorded_sends_once_flagged(
 async def test_kill_9_between_turn_end_and_the_send_delivers_once(
     cluster: Cluster, receiver: WebhookReceiver
 ) -> None:
-    cluster.write_agent("hooked", WEBHOOK_AGENT.format(url=receiver.url))
-    first = await cluster.start(faults="turn.ended")
-    await cluster.post("hooked", "ended, not sent", "hooks", "ops")
-    await cluster.crashed(first)
+    async with cluster.dying_at("turn.ended"):
+        await cluster.post("hooked", "ended, not sent", "hooks", "ops")
     assert receiver.received == [], "the node died before the outbox sent anything"
     item_id, _turn, status, _ = await cluster.one_item()
     assert status == "pending", cluster.tail()
 
-    second = await cluster.start()
-    _, _, status, uncertain = await cluster.settled()
-    events = await cluster.item_events(item_id)
-    await cluster.stop(second)
+    status, uncertain, events = await cluster.recover(item_id)
 
     (request,) = receiver.received
     assert request.idempotency_key == item_id and not request.duplicate
@@ -342,16 +336,12 @@ async def test_on_uncertain_skip_settles_as_uncertain_without_a_resend(
     cluster: Cluster, telegram: FakeTelegram
 ) -> None:
     cluster.write_agent("teller", TELEGRAM_AGENT.format(url=telegram.url, on_uncertain="skip"))
-    first = await cluster.start(faults="delivery.answered")
-    telegram.push_message(CHAT, "say it at most once")
-    await cluster.crashed(first)
+    async with cluster.dying_at("delivery.answered"):
+        telegram.push_message(CHAT, "say it at most once")
     assert len(telegram.sent) == 1, cluster.tail()
     item_id, *_ = await cluster.one_item()
 
-    second = await cluster.start()
-    _, _, status, uncertain = await cluster.settled()
-    events = await cluster.item_events(item_id)
-    await cluster.stop(second)  # a clean stop lets any send in flight finish first
+    status, uncertain, events = await cluster.recover(item_id)  # any send in flight finishes
 
     assert len(telegram.sent) == 1, (telegram.sent, cluster.tail())
     assert (status, uncertain) == ("uncertain", True)

@@ -102,16 +102,16 @@ class OutboxActor(LoopActor):
         return None
 
     def _drain_sends(self) -> concurrent.futures.Future[None]:
+        """Stop the drain loop and let the sends in flight finish; the answer settles once the
+        loop has ended and every send has recorded its outcome."""
         if self._task is not None:
             self._task.cancel()
         done: concurrent.futures.Future[None] = concurrent.futures.Future()
-        sends = list(self._busy.values())
-        if not sends:
-            done.set_result(None)
-            return done
+        tasks = [*self._busy.values(), *([self._task] if self._task is not None else [])]
 
         async def settle() -> None:
-            await asyncio.wait(sends)
+            if tasks:
+                await asyncio.wait(tasks)
             done.set_result(None)
 
         self._drainer = self._loop.create_task(settle())

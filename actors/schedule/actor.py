@@ -14,6 +14,7 @@ The actor is the only writer of ``schedule-<agent>-<id>`` streams: definitions f
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("dispach.scheduler")
 
 KICK = "kick"
+DRAIN = "drain"
+"""Ask: stop the clock; the answer is a future that settles once its task has ended."""
 _HORIZON_S = 30.0
 """The longest sleep: each wake re-reads the clock, so a clock step or a suspend is noticed."""
 _SQL = resources.files("actors.schedule").joinpath("sql", "schedules.sql").read_bytes()
@@ -80,6 +83,7 @@ class SchedulerActor(LoopActor):
         self._grace = grace
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None
 
     def on_start(self) -> None:
         self._task = self._loop.create_task(self._run(), name="scheduler")
@@ -88,6 +92,21 @@ class SchedulerActor(LoopActor):
         if self._task is not None:
             self._task.cancel()
 
+    def _stopping(self) -> concurrent.futures.Future[None]:
+        """Cancel the clock; the answer settles once its task has unwound (a firing in progress
+        is cancelled: its key makes the next start's firing of the same tick a replay)."""
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        task = self._task
+
+        async def unwound() -> None:
+            if task is not None:
+                task.cancel()
+                await asyncio.wait([task])
+            done.set_result(None)
+
+        self._closer = self._loop.create_task(unwound())
+        return done
+
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Ask):
             answer(message, self.on_receive)
@@ -95,6 +114,8 @@ class SchedulerActor(LoopActor):
         match message:
             case "kick":
                 self._wake.set()
+            case "drain":
+                return self._stopping()
             case DefineSchedule() | RemoveSchedule() as change:
                 return Portal(self._loop).spawn(self._change(change))
             case RunSchedule(agent_id=agent_id, schedule_id=sid):

@@ -18,20 +18,16 @@ of the prompt (tools, system, messages) divided by four, the same figure for
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import secrets
-import socket
-import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any, Literal, TypeAlias
+
+from tests.fakes._local_server import Handler, LocalServer
 
 __all__ = [
     "FakeAnthropic",
@@ -605,78 +601,18 @@ def _stream_events(
 # The server
 
 
-class FakeAnthropic:
-    """The fake API server. Thread-safe; use as a context manager or ``start()``/``stop()``."""
+class FakeAnthropic(LocalServer):
+    """The fake API server. Thread-safe; use as a context manager or ``start()``/``stop()``
+    (which cuts every open connection: stalls and delays wake at once)."""
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(_Handler, "fake-anthropic", host=host, port=port)
         self.default: Item = Reply(text="ok")
         self.responder: Responder | None = None
         self.cache_min_tokens = 1024
-        self._host = host
-        self._port = port
-        self._lock = threading.Lock()
-        self._arrived = threading.Condition(self._lock)
         self._script: deque[Item] = deque()
         self._requests: list[Recorded] = []
         self._cache: set[str] = set()
-        self._errors: list[BaseException] = []
-        self._stopping = threading.Event()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-
-    # lifecycle ------------------------------------------------------------------------------
-
-    def start(self) -> FakeAnthropic:
-        with self._lock:
-            if self._server is not None:
-                raise RuntimeError("FakeAnthropic is already running")
-            self._stopping.clear()
-            server = _Server((self._host, self._port), self)
-            self._server = server
-            self._thread = threading.Thread(
-                target=server.serve_forever,
-                kwargs={"poll_interval": 0.05},
-                name="fake-anthropic",
-                daemon=True,
-            )
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop accepting, cut every open connection (stalls and delays wake at once) and wait
-        for the connection threads to end."""
-        with self._lock:
-            server, thread = self._server, self._thread
-            self._server = self._thread = None
-        if server is None:
-            return
-        self._stopping.set()
-        server.shutdown()
-        server.server_close()
-        connections = server.close_connections()
-        if thread is not None:
-            thread.join(5.0)
-        for connection_thread in connections:
-            connection_thread.join(5.0)
-
-    def __enter__(self) -> FakeAnthropic:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        with self._lock:
-            if self._server is None:
-                raise RuntimeError("FakeAnthropic is not running")
-            port = self._server.server_address[1]
-        return f"http://{self._host}:{port}"
 
     # scripting ------------------------------------------------------------------------------
 
@@ -709,12 +645,6 @@ class FakeAnthropic:
         with self._lock:
             return list(self._requests)
 
-    @property
-    def errors(self) -> list[BaseException]:
-        """Unexpected exceptions inside the fake itself (a bug in the fake, never the client)."""
-        with self._lock:
-            return list(self._errors)
-
     def message_requests(self) -> list[Recorded]:
         """The ``POST /v1/messages`` requests only."""
         return [r for r in self.requests if r.path == MESSAGES_PATH]
@@ -727,8 +657,8 @@ class FakeAnthropic:
         def matching() -> list[Recorded]:
             return [r for r in self._requests if path is None or r.path == path]
 
-        with self._arrived:
-            if not self._arrived.wait_for(lambda: len(matching()) >= n, timeout):
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(matching()) >= n, timeout):
                 raise TimeoutError(f"{len(matching())} of {n} requests arrived in {timeout} s")
             return matching()
 
@@ -750,13 +680,9 @@ class FakeAnthropic:
     # answering (called on connection threads) -----------------------------------------------
 
     def _record(self, recorded: Recorded) -> None:
-        with self._arrived:
+        with self._changed:
             self._requests.append(recorded)
-            self._arrived.notify_all()
-
-    def _record_error(self, error: BaseException) -> None:
-        with self._lock:
-            self._errors.append(error)
+            self._changed.notify_all()
 
     def _next_item(self, body: dict[str, Any]) -> Item:
         with self._lock:
@@ -850,58 +776,9 @@ class FakeAnthropic:
         return _StreamAnswer(events, reply.event_delay, fault)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-
-    def __init__(self, address: tuple[str, int], fake: FakeAnthropic) -> None:
-        self.fake = fake
-        self._connections: dict[socket.socket, threading.Thread] = {}
-        self._connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(
-        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
-    ) -> None:
-        thread = threading.Thread(
-            target=self.process_request_thread,
-            args=(request, client_address),
-            name="fake-anthropic-connection",
-            daemon=True,
-        )
-        if isinstance(request, socket.socket):
-            with self._connections_lock:
-                self._connections[request] = thread
-        thread.start()
-
-    def shutdown_request(self, request: socket.socket | tuple[bytes, socket.socket]) -> None:
-        if isinstance(request, socket.socket):
-            with self._connections_lock:
-                self._connections.pop(request, None)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> list[threading.Thread]:
-        """Shut every open connection down (their threads then end); return those threads."""
-        with self._connections_lock:
-            open_now = list(self._connections.items())
-        for connection, _ in open_now:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-        return [thread for _, thread in open_now]
-
-    def handle_error(
-        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
-    ) -> None:
-        error = sys.exc_info()[1]
-        if error is not None and not isinstance(error, ConnectionError | TimeoutError):
-            self.fake._record_error(error)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(Handler[FakeAnthropic]):
     server_version = "fake-anthropic"
     sys_version = ""
-    server: _Server
 
     def do_GET(self) -> None:
         self._serve()
@@ -918,31 +795,12 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._serve()
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the request log is ``FakeAnthropic.requests``."""
-
-    # ----------------------------------------------------------------------------------------
-
-    def _read_body(self) -> bytes:
-        if "chunked" in self.headers.get("transfer-encoding", "").lower():
-            parts: list[bytes] = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-        length = int(self.headers.get("content-length") or 0)
-        return self.rfile.read(length) if length else b""
-
     def _serve(self) -> None:
-        fake = self.server.fake
+        fake = self.owner
         request_id = f"req_01{secrets.token_hex(12)}"
         raw = self._read_body()
         path, _, query = self.path.partition("?")
-        headers = {name.lower(): value for name, value in self.headers.items()}
+        headers = self._lowered_headers()
         body: dict[str, Any] | None = None
         try:
             parsed = json.loads(raw) if raw else None
@@ -996,14 +854,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _drop(self) -> None:
-        """End the connection at once, without finishing the response."""
-        self.close_connection = True
-        with contextlib.suppress(OSError):
-            self.connection.shutdown(socket.SHUT_RDWR)
-
     def _send_stream(self, answer: _StreamAnswer, request_id: str) -> None:
-        stopping = self.server.fake._stopping
+        stopping = self.owner._stopping
         self._start(
             200,
             request_id,
@@ -1037,5 +889,5 @@ class _Handler(BaseHTTPRequestHandler):
         elif fault.kind == "drop":
             self._drop()
         else:
-            self.server.fake._stopping.wait(fault.stall_seconds)
+            self.owner._stopping.wait(fault.stall_seconds)
             self._drop()

@@ -20,20 +20,15 @@ bytes and acted, only the answer is lost or late, which is the window where dupl
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl
+
+from tests.fakes._local_server import Drop, Handler, Hold, LocalServer
 
 __all__ = ["MAX_POLL_SECONDS", "MAX_TEXT_LENGTH", "Call", "FakeTelegram"]
 
@@ -63,16 +58,6 @@ class _Fail:
     retry_after: int | None
 
 
-@dataclass(frozen=True)
-class _Drop:
-    processed: bool
-
-
-@dataclass(frozen=True)
-class _Hold:
-    seconds: float
-
-
 class _ApiError(Exception):
     def __init__(self, status: int, description: str, retry_after: int | None = None) -> None:
         super().__init__(description)
@@ -89,17 +74,14 @@ class _ApiError(Exception):
 _Answer = tuple[int, dict[str, Any]] | None  # None: close the connection without an answer
 
 
-class FakeTelegram:
-    """The fake Bot API server. Thread-safe; use as a context manager or ``start()``/``stop()``."""
+class FakeTelegram(LocalServer):
+    """The fake Bot API server. Thread-safe; use as a context manager or ``start()``/``stop()``
+    (which ends long polls and holds at once and cuts every open connection); ``url`` is the
+    API root, a method lives at ``{url}/bot{token}/{method}``."""
 
     def __init__(self, token: str, *, first_update_id: int = 1000, host: str = "127.0.0.1") -> None:
+        super().__init__(_Handler, "fake-telegram", host=host)
         self.token = token
-        self._host = host
-        self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._stopping = threading.Event()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
         self._pending: list[dict[str, Any]] = []
         self._next_update_id = first_update_id
         self._confirmed = 0
@@ -109,53 +91,9 @@ class FakeTelegram:
         self._message_ids: dict[int | str, int] = {}
         self._chats: dict[int | str, dict[str, Any]] = {}
         self._forbidden: set[int | str] = set()
-        self._faults: dict[str, deque[_Fail | _Drop | _Hold]] = {}
+        self._faults: dict[str, deque[_Fail | Drop | Hold]] = {}
         self._calls: list[Call] = []
         self._sent: list[dict[str, Any]] = []
-        self._errors: list[BaseException] = []
-
-    # lifecycle ------------------------------------------------------------------------------
-
-    def start(self) -> FakeTelegram:
-        with self._lock:
-            if self._server is not None:
-                raise RuntimeError("FakeTelegram is already running")
-            self._stopping.clear()
-            self._server = _Server((self._host, 0), self)
-            self._thread = threading.Thread(
-                target=self._server.serve_forever, args=(0.05,), name="fake-telegram", daemon=True
-            )
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop accepting, end long polls and holds at once, cut every open connection."""
-        with self._changed:
-            server, thread = self._server, self._thread
-            self._server = self._thread = None
-            self._stopping.set()
-            self._changed.notify_all()
-        if server is not None:
-            server.stop(thread)
-
-    def __enter__(self) -> FakeTelegram:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    @property
-    def url(self) -> str:
-        """The API root; a method lives at ``{url}/bot{token}/{method}``."""
-        with self._lock:
-            if self._server is None:
-                raise RuntimeError("FakeTelegram is not running")
-            return f"http://{self._host}:{self._server.server_address[1]}"
 
     # the test's side ------------------------------------------------------------------------
 
@@ -224,13 +162,13 @@ class FakeTelegram:
 
     def drop_next(self, method: str, count: int = 1, *, processed: bool = True) -> None:
         """Close the connection of the next ``count`` calls without an answer."""
-        self._script(method, [_Drop(processed)] * count)
+        self._script(method, [Drop(processed)] * count)
 
     def hold_next(self, method: str, seconds: float) -> None:
         """Carry out the next call of ``method`` but answer it ``seconds`` late."""
-        self._script(method, [_Hold(seconds)])
+        self._script(method, [Hold(seconds)])
 
-    def _script(self, method: str, faults: list[_Fail | _Drop | _Hold]) -> None:
+    def _script(self, method: str, faults: list[_Fail | Drop | Hold]) -> None:
         with self._lock:
             self._faults.setdefault(method.lower(), deque()).extend(faults)
 
@@ -247,12 +185,6 @@ class FakeTelegram:
         """Every call (of ``method``, if given) that passed the token check, in order."""
         with self._lock:
             return [c for c in self._calls if method is None or c.method.lower() == method.lower()]
-
-    @property
-    def errors(self) -> list[BaseException]:
-        """Unexpected exceptions inside the fake itself (a bug in the fake, never the client)."""
-        with self._lock:
-            return list(self._errors)
 
     def wait_for_sent(self, n: int, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Block until at least ``n`` messages have been sent; return them all."""
@@ -274,7 +206,7 @@ class FakeTelegram:
         if entry is None:
             return 404, _ApiError(404, "Not Found").payload()
         name, run = entry
-        fault: _Fail | _Drop | _Hold | None = None
+        fault: _Fail | Drop | Hold | None = None
         try:
             call = Call(name, _params(query, headers.get("content-type", ""), raw), headers)
             with self._changed:
@@ -283,18 +215,14 @@ class FakeTelegram:
                 fault = script.popleft() if script else None
             if isinstance(fault, _Fail):
                 raise _ApiError(fault.status, fault.description, fault.retry_after)
-            if isinstance(fault, _Drop) and not fault.processed:
+            if isinstance(fault, Drop) and not fault.processed:
                 return None
             answer: tuple[int, dict[str, Any]] = 200, {"ok": True, "result": run(self, call)}
         except _ApiError as error:
             answer = error.status, error.payload()
-        if isinstance(fault, _Hold) and self._stopping.wait(fault.seconds):
+        if isinstance(fault, Hold) and self._stopping.wait(fault.seconds):
             return None
-        return None if isinstance(fault, _Drop) else answer
-
-    def _record_error(self, error: BaseException) -> None:
-        with self._lock:
-            self._errors.append(error)
+        return None if isinstance(fault, Drop) else answer
 
     def _new_message(
         self, chat_id: int | str, sender: dict[str, Any], text: str, thread: int | None
@@ -464,88 +392,31 @@ def _guess_chat(chat_id: int | str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# The server
+# The handler
 
 
-class _Server(ThreadingHTTPServer):
-    """Tracks its connections so ``stop()`` can cut them (held and idle keep-alive ones too);
-    ``server_close`` then joins their threads (``block_on_close``)."""
-
-    daemon_threads, block_on_close, request_queue_size = True, True, 128
-
-    def __init__(self, address: tuple[str, int], fake: FakeTelegram) -> None:
-        self.fake = fake
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def stop(self, thread: threading.Thread | None) -> None:
-        self.shutdown()
-        with self._connections_lock:
-            open_now = list(self._connections)
-        for connection in open_now:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-        self.server_close()
-        if thread is not None:
-            thread.join(5.0)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if error is not None and not isinstance(error, ConnectionError | TimeoutError):
-            self.fake._record_error(error)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
+class _Handler(Handler[FakeTelegram]):
     def do_GET(self) -> None:
         self._serve()
 
     def do_POST(self) -> None:
         self._serve()
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the record is ``FakeTelegram.calls()``."""
-
     def _serve(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
+        fake = self.owner
+        raw = self._read_body()
         path, _, query = self.path.partition("?")
-        headers = {name.lower(): value for name, value in self.headers.items()}
         try:
-            answer = self.server.fake._answer(path, query, headers, raw)
+            answer = fake._answer(path, query, self._lowered_headers(), raw)
         except Exception as error:  # a bug in the fake: say so, as a 500
-            self.server.fake._record_error(error)
+            fake._record_error(error)
             answer = 500, {"ok": False, "error_code": 500, "description": repr(error)}
         if answer is None:
-            self.close_connection = True
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
+            self._drop()
             return
         status, payload = answer
         data = json.dumps(payload, ensure_ascii=False).encode()
-        head = f"HTTP/1.1 {status} {_phrase(status)}\r\nServer: nginx\r\n"
-        head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-        with contextlib.suppress(ConnectionError):
-            self.wfile.write(head.encode() + data)
+        self._reply(status, data, _HEADERS)
 
 
-def _phrase(status: int) -> str:
-    with contextlib.suppress(ValueError):
-        return HTTPStatus(status).phrase
-    return "Error"
+_HEADERS = (("Server", "nginx"), ("Content-Type", "application/json"))

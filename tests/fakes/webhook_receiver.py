@@ -24,20 +24,15 @@ benchmark drains thousands of deliveries a second through it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import json
-import socket
-import sys
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
+
+from tests.fakes._local_server import Drop, Handler, Hold, LocalServer, phrase
 
 __all__ = ["Received", "WebhookReceiver", "sign"]
 
@@ -69,77 +64,25 @@ class _Fail:
     body: Any
 
 
-@dataclass(frozen=True)
-class _Drop:
-    processed: bool
-
-
-@dataclass(frozen=True)
-class _Hold:
-    seconds: float
-
-
-class WebhookReceiver:
-    """The receiving server. Thread-safe; use as a context manager or ``start()``/``stop()``."""
+class WebhookReceiver(LocalServer):
+    """The receiving server. Thread-safe; use as a context manager or ``start()``/``stop()``
+    (which ends holds at once and cuts every open connection)."""
 
     def __init__(
         self, secret: str, *, max_age: float | None = 300.0, host: str = "127.0.0.1"
     ) -> None:
+        super().__init__(_Handler, "webhook-receiver", host=host)
         self.secret = secret
         self.max_age = max_age
-        self._host = host
-        self._lock = threading.Lock()
-        self._arrived = threading.Condition(self._lock)
-        self._stopping = threading.Event()
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._faults: deque[_Fail | _Drop | _Hold] = deque()
+        self._faults: deque[_Fail | Drop | Hold] = deque()
         self._received: list[Received] = []
         self._kept: dict[str, Any] = {}
         self._answers: dict[str, bytes] = {}
-        self._errors: list[BaseException] = []
-
-    # lifecycle ------------------------------------------------------------------------------
-
-    def start(self) -> WebhookReceiver:
-        with self._lock:
-            if self._server is not None:
-                raise RuntimeError("WebhookReceiver is already running")
-            self._stopping.clear()
-            self._server = _Server((self._host, 0), self)
-            self._thread = threading.Thread(
-                target=self._server.serve_forever,
-                args=(0.05,),
-                name="webhook-receiver",
-                daemon=True,
-            )
-            self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """Stop accepting, end holds at once, cut every open connection."""
-        with self._lock:
-            server, thread = self._server, self._thread
-            self._server = self._thread = None
-        self._stopping.set()
-        if server is not None:
-            server.stop(thread)
-
-    def __enter__(self) -> WebhookReceiver:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
         """Where to post (any path under it is accepted)."""
-        with self._lock:
-            if self._server is None:
-                raise RuntimeError("WebhookReceiver is not running")
-            return f"http://{self._host}:{self._server.server_address[1]}/hooks/dispach"
+        return f"{super().url}/hooks/dispach"
 
     # scripting ------------------------------------------------------------------------------
 
@@ -153,12 +96,12 @@ class WebhookReceiver:
     def drop_next(self, count: int = 1, *, processed: bool = True) -> None:
         """Read the next ``count`` requests, then close their connections without an answer."""
         with self._lock:
-            self._faults.extend([_Drop(processed)] * count)
+            self._faults.extend([Drop(processed)] * count)
 
     def hold_next(self, seconds: float) -> None:
         """Answer the next request ``seconds`` late (it is kept at once)."""
         with self._lock:
-            self._faults.append(_Hold(seconds))
+            self._faults.append(Hold(seconds))
 
     # records --------------------------------------------------------------------------------
 
@@ -174,16 +117,10 @@ class WebhookReceiver:
         with self._lock:
             return dict(self._kept)
 
-    @property
-    def errors(self) -> list[BaseException]:
-        """Unexpected exceptions inside the receiver itself (a bug here, never the sender)."""
-        with self._lock:
-            return list(self._errors)
-
     def wait_for(self, n_kept: int, timeout: float = 5.0) -> dict[str, Any]:
         """Block until at least ``n_kept`` distinct keys are kept; return ``kept``."""
-        with self._arrived:
-            if not self._arrived.wait_for(lambda: len(self._kept) >= n_kept, timeout):
+        with self._changed:
+            if not self._changed.wait_for(lambda: len(self._kept) >= n_kept, timeout):
                 raise TimeoutError(f"{len(self._kept)} of {n_kept} kept in {timeout} s")
             return dict(self._kept)
 
@@ -197,12 +134,12 @@ class WebhookReceiver:
             body, is_json = json.loads(raw), True
         except ValueError:
             body, is_json = None, False
-        with self._arrived:
+        with self._changed:
             fault = self._faults.popleft() if self._faults else None
             duplicate = False
             if isinstance(fault, _Fail):
                 answer: _Answer = _fail_answer(fault)
-            elif isinstance(fault, _Drop) and not fault.processed:
+            elif isinstance(fault, Drop) and not fault.processed:
                 answer = None
             elif not signature_ok:
                 answer = 401, _json({"error": "bad signature"}), ()
@@ -218,13 +155,13 @@ class WebhookReceiver:
                 self._kept[key] = body
                 self._answers[key] = _json({"id": f"rcv_{len(self._answers) + 1:06d}"})
                 answer = 200, self._answers[key], ()
-            if isinstance(fault, _Drop):
+            if isinstance(fault, Drop):
                 answer = None
             status = None if answer is None else answer[0]
             received = Received(key, body, raw, headers, signature_ok, duplicate, path, status)
             self._received.append(received)
-            self._arrived.notify_all()
-        if isinstance(fault, _Hold) and self._stopping.wait(fault.seconds):
+            self._changed.notify_all()
+        if isinstance(fault, Hold) and self._stopping.wait(fault.seconds):
             return None
         return answer
 
@@ -238,13 +175,10 @@ class WebhookReceiver:
         expected = sign(self.secret, timestamp, raw)
         return any(hmac.compare_digest(expected, value) for value in offered)
 
-    def _record_error(self, error: BaseException) -> None:
-        with self._lock:
-            self._errors.append(error)
-
 
 _Answer = tuple[int, bytes, tuple[tuple[str, str], ...]] | None
 _REUSED = b'{"error": "Idempotency-Key reused with a different body"}'
+_JSON_TYPE = ("Content-Type", "application/json")
 
 
 def _json(value: Any) -> bytes:
@@ -252,87 +186,26 @@ def _json(value: Any) -> bytes:
 
 
 def _fail_answer(fault: _Fail) -> _Answer:
-    body = fault.body if fault.body is not None else {"error": _phrase(fault.status)}
+    body = fault.body if fault.body is not None else {"error": phrase(fault.status)}
     retry = () if fault.retry_after is None else (("Retry-After", str(fault.retry_after)),)
     return fault.status, _json(body), retry
 
 
 # --------------------------------------------------------------------------------------------
-# The server
+# The handler: lean (one response write, keep-alive), a benchmark drains thousands a second
 
 
-class _Server(ThreadingHTTPServer):
-    """Tracks its connections so ``stop()`` can cut them (held and idle keep-alive ones too);
-    ``server_close`` then joins their threads (``block_on_close``)."""
-
-    daemon_threads, block_on_close, request_queue_size = True, True, 128
-
-    def __init__(self, address: tuple[str, int], receiver: WebhookReceiver) -> None:
-        self.receiver = receiver
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def stop(self, thread: threading.Thread | None) -> None:
-        self.shutdown()
-        with self._connections_lock:
-            open_now = list(self._connections)
-        for connection in open_now:
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-        self.server_close()
-        if thread is not None:
-            thread.join(5.0)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        error = sys.exc_info()[1]
-        if error is not None and not isinstance(error, ConnectionError | TimeoutError):
-            self.receiver._record_error(error)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
+class _Handler(Handler[WebhookReceiver]):
     def do_POST(self) -> None:
-        raw = self.rfile.read(int(self.headers.get("content-length") or 0))
-        headers = {name.lower(): value for name, value in self.headers.items()}
+        receiver = self.owner
+        raw = self._read_body()
         try:
-            answer = self.server.receiver._answer(self.path, headers, raw)
+            answer = receiver._answer(self.path, self._lowered_headers(), raw)
         except Exception as error:  # a bug in the receiver: say so, as a 500
-            self.server.receiver._record_error(error)
+            receiver._record_error(error)
             answer = 500, _json({"error": repr(error)}), ()
         if answer is None:
-            self.close_connection = True
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
+            self._drop()
             return
         status, data, extra = answer
-        head = f"HTTP/1.1 {status} {_phrase(status)}\r\nContent-Type: application/json\r\n"
-        head += "".join(f"{name}: {value}\r\n" for name, value in extra)
-        head += f"Content-Length: {len(data)}\r\n\r\n"
-        with contextlib.suppress(ConnectionError):
-            self.wfile.write(head.encode() + data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the record is ``WebhookReceiver.received``."""
-
-
-def _phrase(status: int) -> str:
-    with contextlib.suppress(ValueError):
-        return HTTPStatus(status).phrase
-    return "Error"
+        self._reply(status, data, (_JSON_TYPE, *extra))
