@@ -554,9 +554,9 @@ class Analysis:
     appends: float
     steps: float
     overhead: list[float]
-    """Per turn: (turn.attempt -> turn.end) / steps - the model's own time per step (TimedModel)."""
+    """Per turn: (turn.start -> turn.end) / steps - the model's own time per step (TimedModel)."""
     overhead_minus_latency: list[float]
-    """Per turn: (turn.attempt -> turn.end - sum of model.result latency_ms) / steps."""
+    """Per turn: (turn.start -> turn.end - sum of model.result latency_ms) / steps."""
     server: list[float]
     """Per turn: turn.start -> turn.end (recorded_at)."""
     tool_ms: float
@@ -577,8 +577,12 @@ def analyse(run: Run, log: LogFacts, model_time: float) -> Analysis:
         if s.turn_id in facts and facts[s.turn_id].end_at is not None
     ]
     for sample, f in complete:
-        assert f.end_at is not None and f.start_at is not None and f.attempt_at is not None
-        span = (f.end_at - f.attempt_at).total_seconds()
+        assert f.end_at is not None and f.start_at is not None
+        # From the acceptance, not from turn.attempt: the writer chains a stream's queued
+        # appends into one commit, so turn.attempt often shares turn.end's transaction (and its
+        # recorded_at); turn.start is always a commit of its own (202 waits for it). The span
+        # therefore also holds the hand-off from acceptance to the runner: stricter, not looser.
+        span = (f.end_at - f.start_at).total_seconds()
         steps = max(1, f.steps)
         overhead.append(span / steps - model_time)
         minus_latency.append((span - f.model_ms / 1000) / steps)
@@ -760,10 +764,10 @@ def print_segments(title: str, analysis: Analysis) -> None:
 
 def print_analyses(analyses: dict[tuple[str, int], Analysis]) -> None:
     print(
-        "per-step runtime overhead = (turn.attempt recorded_at -> turn.end recorded_at) / "
+        "per-step runtime overhead = (turn.start recorded_at -> turn.end recorded_at) / "
         "steps - the model's own time per call.\n"
         "recorded_at is now() of the inserting transaction, so the span runs from the start of "
-        "the transaction that stores turn.attempt to the start of the one that stores turn.end.\n"
+        "the transaction that accepts the turn to the start of the one that stores turn.end.\n"
         "Also shown: the same span minus model.result latency_ms (the runner's own clock around "
         "the model stream), and turn.start -> turn.end."
     )

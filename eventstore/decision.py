@@ -38,6 +38,8 @@ class Command:
     events: Sequence[NewEvent]
     expected: int
     future: Future[AppendResult] = field(default_factory=Future)
+    links: list[Command] | None = None
+    """The callers' commands this one chains (see writer.chain); None for a caller's own."""
 
 
 def decide(

@@ -38,6 +38,7 @@ from eventstore.errors import (
 from eventstore.event import encode_data, type_name
 from eventstore.metrics import APPEND_ERROR, APPEND_OK, BATCH_COMMANDS, EVENTS_APPENDED
 from eventstore.projection import Projection, run_statements, statements_for
+from eventstore.versions import NO_STREAM
 
 log = structlog.get_logger("dispach.writer")
 
@@ -126,10 +127,13 @@ class GroupCommitWriter:
         self._refuse_leftovers()
 
     def _next_batch(self, stopping: bool) -> tuple[list[Command], bool]:
-        """What is queued now, at most one command per stream (the others wait in ``backlog``,
-        in order). Blocks only while nothing at all is queued."""
+        """What is queued now, at most one command per stream. A stream's next command that
+        continues the one already in the batch (it expects the version that one leaves) is
+        chained onto it: one command, one commit, instead of a commit each (a turn's appends
+        queue behind each other while a commit is in flight). Any other second command of a
+        stream waits in ``backlog``, in order. Blocks only while nothing at all is queued."""
         batch: list[Command] = []
-        streams: set[str] = set()
+        in_batch: dict[str, int] = {}
         carry: list[Command] = []
         while len(batch) < self._max_batch:
             item: Command | object
@@ -144,11 +148,17 @@ class GroupCommitWriter:
                 item = self._queue.get()
             if item is _STOP:
                 stopping = True
-            elif isinstance(item, Command) and item.stream in streams:
-                carry.append(item)
             elif isinstance(item, Command):
-                streams.add(item.stream)
-                batch.append(item)
+                at = in_batch.get(item.stream)
+                if at is None and not any(c.stream == item.stream for c in carry):
+                    in_batch[item.stream] = len(batch)
+                    batch.append(item)
+                elif at is not None and not carry_of(carry, item.stream) and continues(
+                    batch[at], item
+                ):
+                    batch[at] = chain(batch[at], item)
+                else:
+                    carry.append(item)
         self._backlog.extendleft(reversed(carry))
         return batch, stopping
 
@@ -354,6 +364,41 @@ class GroupCommitWriter:
         if self._conn is not None and not self._conn.closed:
             with contextlib.suppress(psycopg.Error):
                 self._conn.rollback()
+
+
+def carry_of(carry: list[Command], stream: str) -> bool:
+    """Whether a command of ``stream`` already waits: later ones must not overtake it."""
+    return any(c.stream == stream for c in carry)
+
+
+def continues(first: Command, then: Command) -> bool:
+    """``then`` expects exactly the version ``first`` leaves (both explicit, not ANY)."""
+    return first.expected >= NO_STREAM and then.expected == first.expected + len(first.events)
+
+
+def chain(first: Command, then: Command) -> Command:
+    """One command carrying both: all or nothing, like either alone (``then`` could not commit
+    without ``first``: it expects the version ``first`` leaves). Each caller gets its own part
+    of the result, or the same error."""
+    links = [*(first.links or [first]), then]
+    merged = Command(first.stream, [*first.events, *then.events], first.expected, links=links)
+
+    def settle(done: Future[AppendResult]) -> None:
+        error = done.exception()
+        start = 0
+        for link in links:
+            end = start + len(link.events)
+            if not link.future.done():  # done: the caller gave up waiting (cancelled)
+                if error is not None:
+                    link.future.set_exception(error)
+                else:
+                    result = done.result()
+                    part = result.events[start:end]
+                    link.future.set_result(AppendResult(result.stream, part, result.duplicate))
+            start = end
+
+    merged.future.add_done_callback(settle)
+    return merged
 
 
 def _observe_append(submitted: float, future: Future[AppendResult]) -> None:

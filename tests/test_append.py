@@ -120,6 +120,36 @@ def test_racing_commands_in_one_batch_are_decided_one_after_the_other(store: Eve
     assert store.stream_version("turn-c") == 0
 
 
+def test_a_streams_queued_appends_that_continue_each_other_commit_together(
+    store: EventStore,
+) -> None:
+    # A turn submits its appends without waiting, each expecting the version the one before
+    # leaves: queued behind a commit, they are chained into one command (one commit), and each
+    # caller still gets its own events and versions.
+    futures = [store.submit("turn-chain", [chunk(f"{i}a"), chunk(f"{i}b")], 2 * i - 1)
+               for i in range(60)]  # fmt: skip
+    results = [f.result(10) for f in futures]
+    assert [[e.version for e in r.events] for r in results] == [[2 * i, 2 * i + 1]
+                                                                for i in range(60)]  # fmt: skip
+    assert [r.events[0].data.delta for r in results] == [f"{i}a" for i in range(60)]  # type: ignore[union-attr]
+    assert len({r.events[0].txid for r in results}) < 60  # some shared a commit
+
+
+def test_a_chain_fails_as_a_whole_and_an_unchained_append_alone(store: EventStore) -> None:
+    store.append("turn-chain2", [chunk("seed")], NO_STREAM)
+    # The first expects a stale version: the one chained on it cannot commit either.
+    stale = store.submit("turn-chain2", [chunk("x")], 5)
+    after_stale = store.submit("turn-chain2", [chunk("y")], 6)
+    assert isinstance(stale.exception(10), WrongExpectedVersion)
+    assert isinstance(after_stale.exception(10), WrongExpectedVersion)
+    # A second append that does not continue the first waits for it and is decided alone.
+    first = store.submit("turn-chain2", [chunk("z")], 0)
+    racing = store.submit("turn-chain2", [chunk("w")], 0)
+    assert first.result(10).version == 1
+    assert isinstance(racing.exception(10), WrongExpectedVersion)
+    assert store.stream_version("turn-chain2") == 1
+
+
 def test_reappending_the_same_ids_returns_the_original_positions_and_writes_nothing(
     store: EventStore, connect: ConnectFactory
 ) -> None:
