@@ -282,3 +282,50 @@ async def test_outboxes_on_other_nodes_are_woken_over_nats(
         assert any(body["text"] == "from another node" for body in kept.values())
     finally:
         await other_node.close()
+
+
+@pytest.mark.asyncio
+async def test_a_slow_channels_backlog_does_not_starve_another_channel(
+    api_factory: ApiFactory, receiver: WebhookReceiver, servers: Any, schema: str
+) -> None:
+    from actors.outbox.plan import item_key
+    from eventstore import EventStore, Metadata, NewEvent
+    from eventstore.catalogue import Deliver, DeliveryEnqueued
+    from eventstore.projections import INLINE
+
+    with WebhookReceiver(SECRET) as slow_receiver:
+        for _ in range(400):
+            slow_receiver.hold_next(0.2)
+        api_factory.write_agent("two", f"""
+id: two
+model: {{provider: scripted}}
+channels:
+  - {{id: slow, type: webhook, url: "{slow_receiver.url}", concurrency: 1}}
+  - {{id: fast, type: webhook, url: "{receiver.url}"}}
+""")  # fmt: skip
+        api = await api_factory.start()
+        store = EventStore(servers.database_url, schema=schema, inline=INLINE)
+        await asyncio.to_thread(store.open)
+        try:
+            # 300 replies for the slow channel first (due first), then 5 for the fast one.
+            for n, channel in [*((n, "slow") for n in range(300)),
+                               *((n, "fast") for n in range(300, 305))]:  # fmt: skip
+                turn_id = f"t_s{n}"
+                meta = Metadata(agent_id="two", session_key="s", turn_id=turn_id)
+                key = item_key("two", "s", turn_id, Deliver(channel=channel, to="x"), 0)
+                event = DeliveryEnqueued(channel_id=channel, to="x", key=key, chunk_index=0,
+                                         chunk_total=1, text=f"{channel} {n}")  # fmt: skip
+                await asyncio.to_thread(
+                    store.append, f"turn-{turn_id}", [NewEvent(event=event, metadata=meta)]
+                )
+        finally:
+            await asyncio.to_thread(store.close)
+        started = asyncio.get_running_loop().time()
+        kept = await asyncio.to_thread(receiver.wait_for, 5, 15.0)
+        took = asyncio.get_running_loop().time() - started
+        assert len(kept) == 5
+        # The slow channel sends one at a time, 0.2 s each: its backlog takes a minute; the
+        # fast channel's replies went out beside it, not after it.
+        assert took < 5.0, took
+        assert len(slow_receiver.kept) < 100
+        await api.stop()

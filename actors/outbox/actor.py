@@ -45,6 +45,7 @@ DRAIN = "drain"
 """Ask: start no more sends; the answer is a future that settles when those in flight have."""
 
 _SEND_TIMEOUT_S = 60.0
+_DRY_S = 0.1
 _STALE_S = 2 * _SEND_TIMEOUT_S + 30.0
 """An attempt older than this has no live sender: it would have recorded a timeout by now."""
 
@@ -82,6 +83,8 @@ class OutboxActor(LoopActor):
         self._wake = asyncio.Event()  # touched on the loop only (this actor runs there)
         self._busy: dict[str, asyncio.Task[None]] = {}
         self._ready: deque[Item] = deque()
+        self._dry_until = 0.0
+        """The last read found nothing new: no other read before this (monotonic) time."""
         """Due items read ahead, not started yet (their channel had no free slot)."""
         self._slots: dict[tuple[str, str], int] = {}
         self._task: asyncio.Task[None] | None = None
@@ -96,6 +99,7 @@ class OutboxActor(LoopActor):
             answer(message, self.on_receive)
             return None
         if message == KICK:
+            self._dry_until = 0.0
             self._wake.set()
         elif message == DRAIN:
             return self._drain_sends()
@@ -151,6 +155,8 @@ class OutboxActor(LoopActor):
                 # else: what was read waits for a slot; a finished send wakes the loop
             except StoreError as e:
                 log.warning("outbox_read_failed", error=e.message)
+            except Exception:  # a bug must not stop every delivery of the node: log, go on
+                log.exception("outbox_loop_failed")
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), min(wait, self._poll_s))
@@ -160,14 +166,41 @@ class OutboxActor(LoopActor):
         when few are left. Reading ahead matters: the due query costs milliseconds with a deep
         outbox, so it runs once per batch of sends, not once per freed slot."""
         started = self._start_ready()
-        if len(self._ready) <= self._max_in_flight // 4:
+        now = time.monotonic()
+        if len(self._ready) <= self._max_in_flight // 4 and now >= self._dry_until:
             room = self._max_in_flight - len(self._busy) - len(self._ready)
             if room > 0:
+                before = len(self._ready)
                 known = [*self._busy, *(item.item_id for item in self._ready)]
-                rows = await self._store.afetch(_DUE, {"busy": known, "limit": room})
-                self._ready.extend(Item(**dict(zip(_ITEM_FIELDS, r, strict=True))) for r in rows)
+                held = self._held()
+                full = [f"{a}/{c}" for (a, c), n in held.items() if n >= self._cap(a, c)]
+                query = {"busy": known, "full": full, "limit": room}
+                for row in await self._store.afetch(_DUE, query):
+                    item = Item(**dict(zip(_ITEM_FIELDS, row, strict=True)))
+                    slot = (item.agent_id, item.channel_id)
+                    if held.get(slot, 0) < self._cap(*slot):  # the rest: at a later read
+                        held[slot] = held.get(slot, 0) + 1
+                        self._ready.append(item)
+                # Nothing new: do not ask again for every finished send (a kick, the poll or
+                # this pause ends it).
+                self._dry_until = now + _DRY_S if len(self._ready) == before else 0.0
                 started += self._start_ready()
         return started
+
+    def _held(self) -> dict[tuple[str, str], int]:
+        """Items in hand per (agent, channel): sending, or read ahead."""
+        held: dict[tuple[str, str], int] = dict(self._slots)
+        for item in self._ready:
+            slot = (item.agent_id, item.channel_id)
+            held[slot] = held.get(slot, 0) + 1
+        return held
+
+    def _cap(self, agent_id: str, channel_id: str) -> int:
+        """How many items of a channel to hold at once (sending or read ahead): four times what
+        it may send at once, so a fast channel reads ahead in large batches while a slow one's
+        backlog cannot crowd the read-ahead and starve the others."""
+        channel = self._channels(agent_id, channel_id)
+        return 4 * channel.concurrency if channel is not None else 1
 
     def _start_ready(self) -> int:
         """Start the items read ahead whose channel has a free slot (in due order); the others
@@ -233,6 +266,8 @@ class OutboxActor(LoopActor):
             # The log refused or is away: the item keeps its last recorded state (pending, or
             # in doubt after a committed attempt) and is picked up again or recovered.
             log.warning("outbox_append_failed", item=item.item_id, error=e.message)
+        except Exception:  # a bug: the item keeps its last recorded state, as above
+            log.exception("outbox_deliver_failed", item=item.item_id)
 
     async def _send(self, channel: Channel, item: Item, attempt: int) -> SendResult:
         try:
