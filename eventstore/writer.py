@@ -153,8 +153,10 @@ class GroupCommitWriter:
                 if at is None and not any(c.stream == item.stream for c in carry):
                     in_batch[item.stream] = len(batch)
                     batch.append(item)
-                elif at is not None and not carry_of(carry, item.stream) and continues(
-                    batch[at], item
+                elif (
+                    at is not None
+                    and not carry_of(carry, item.stream)
+                    and continues(batch[at], item)
                 ):
                     batch[at] = chain(batch[at], item)
                 else:

@@ -30,6 +30,7 @@ from gateways.schemas import (
     AcceptedBody,
     AgentDetail,
     AgentInfo,
+    DeliveryInfo,
     EventsPage,
     MessageBody,
     StopAnswer,
@@ -261,7 +262,9 @@ async def fetch(
 
 def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     # turn.sql and turns.sql select the columns in the order of TurnResource's fields.
-    return TurnResource(**dict(zip(TurnResource.__struct_fields__, row, strict=True)))
+    fields = dict(zip(TurnResource.__struct_fields__, row, strict=True))
+    fields["deliveries"] = msgspec.convert(fields["deliveries"], list[DeliveryInfo])
+    return TurnResource(**fields)
 
 
 async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None) -> TurnResource:

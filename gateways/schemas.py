@@ -43,6 +43,23 @@ class AcceptedBody(_Body, frozen=True):
     """Present (true) when an Idempotency-Key named a turn accepted before; nothing new runs."""
 
 
+class DeliveryInfo(_Body, frozen=True):
+    """Where a turn's reply went: one entry per channel and recipient, over its chunks."""
+
+    channel: str
+    to: str
+    status: Literal["pending", "sending", "sent", "failed", "uncertain"]
+    """``sent`` when every chunk is; ``failed`` when one failed for good (the rest were
+    abandoned); ``uncertain`` when settled without knowing (on_uncertain: skip)."""
+    chunks: int
+    sent: int
+    attempts: int
+    thread: str | None = None
+    uncertain: bool = False
+    """A chunk was sent again after a crash in its send window: it may show twice."""
+    error_code: str | None = None
+
+
 class TurnResource(_Body, frozen=True):
     """The stored turn: ``status`` is ``running`` until the end, then the end reason."""
 
@@ -66,6 +83,8 @@ class TurnResource(_Body, frozen=True):
     error_hint: str | None = None
     ended_at: datetime | None = None
     duration_ms: int | None = None
+    deliveries: list[DeliveryInfo] = msgspec.field(default_factory=list)
+    """Present when the turn's reply was promised to a channel (``deliver``)."""
 
 
 class TurnPage(_Body, frozen=True):

@@ -329,3 +329,32 @@ channels:
         assert took < 5.0, took
         assert len(slow_receiver.kept) < 100
         await api.stop()
+
+
+@pytest.mark.asyncio
+async def test_the_turn_resource_shows_where_its_reply_went(
+    api_factory: ApiFactory, receiver: WebhookReceiver
+) -> None:
+    api_factory.write_agent("hooked", hooked(receiver.url))
+    api = await api_factory.start()
+    receiver.fail_next(400)
+    failed = await send(api, "this one is refused")
+    delivered = await send(api, paragraphs(6))
+    plain = await send(api, "no delivery", deliver=None)
+    await turn_events(api, failed["turnId"], "delivery.failed")
+    rows = await outbox_rows(api, delivered["turnId"])
+    await turn_events(api, delivered["turnId"], "delivery.sent", len(rows))
+    async with httpx.AsyncClient(base_url=api.url) as client:
+        one = (await client.get(f"/v1/agents/hooked/turns/{delivered['turnId']}")).json()
+        bad = (await client.get(f"/v1/agents/hooked/turns/{failed['turnId']}")).json()
+        none = (await client.get(f"/v1/agents/hooked/turns/{plain['turnId']}")).json()
+        page = (await client.get("/v1/agents/hooked/turns")).json()
+    n = len(rows)
+    assert one["deliveries"] == [{"channel": "hooks", "to": "ops", "status": "sent",
+                                  "chunks": n, "sent": n, "attempts": 1}]  # fmt: skip
+    assert bad["deliveries"] == [{"channel": "hooks", "to": "ops", "status": "failed",
+                                  "chunks": 1, "sent": 0, "attempts": 1,
+                                  "errorCode": "delivery_http_400"}]  # fmt: skip
+    assert "deliveries" not in none  # v1 clients see the v1 shape
+    listed = {t["turnId"]: t.get("deliveries") for t in page["turns"]}
+    assert listed[delivered["turnId"]] == one["deliveries"]

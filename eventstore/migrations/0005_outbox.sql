@@ -35,6 +35,8 @@ CREATE INDEX outbox_due_idx ON outbox (next_attempt_at, item_id)
     WHERE status IN ('pending', 'inflight');
 -- Head of line: a chunk waits for its predecessor in the same reply.
 CREATE INDEX outbox_group_idx ON outbox (group_key, chunk_index);
+-- The turn resource shows its deliveries.
+CREATE INDEX outbox_turn_idx ON outbox (turn_id);
 
 -- Schedules: the definition and where the scheduler is (derived from schedule-* streams).
 CREATE TABLE schedules (
