@@ -219,7 +219,8 @@ class GroupCommitWriter:
         committed: list[RecordedEvent],
     ) -> None:
         # Counted before the callers wake, so a caller that saw its append sees it counted.
-        BATCH_COMMANDS.observe(len(batch))
+        callers = sum(len(command.links or (command,)) for command in batch)  # chains count each
+        BATCH_COMMANDS.observe(callers)
         EVENTS_APPENDED.inc(len(committed))
         for command in batch:
             outcome = outcomes[command]
@@ -230,7 +231,7 @@ class GroupCommitWriter:
             else:
                 command.future.set_result(outcome)
         self.batches += 1
-        self.commands += len(batch)
+        self.commands += callers
         if committed and self._on_commit is not None:
             try:
                 self._on_commit(committed)
