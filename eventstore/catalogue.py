@@ -245,6 +245,9 @@ class DeliveryEnqueued(Event, frozen=True):
     chunk_total: int
     text: str
     thread: str | None = None
+    ordered: bool = False
+    """The channel keeps a recipient's replies in order (a chat): this item waits for every
+    earlier item to the same recipient, not only for the earlier chunks of its own reply."""
 
 
 class DeliveryAttempted(Event, frozen=True):

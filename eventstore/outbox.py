@@ -63,15 +63,15 @@ class OutboxProjection:
                     (
                         """INSERT INTO outbox (item_id, agent_id, session_key, turn_id,
                                   channel_id, recipient, thread, group_key, chunk_index,
-                                  chunk_total, body, status, next_attempt_at, created_at,
-                                  updated_at)
-                           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'pending', %s,
-                                   %s, %s)
+                                  chunk_total, ordered, position, body, status,
+                                  next_attempt_at, created_at, updated_at)
+                           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+                                   'pending', %s, %s, %s)
                            ON CONFLICT (item_id) DO NOTHING""",
                         [e.key, meta.agent_id or "", meta.session_key or "", turn_id,
                          e.channel_id, e.to, e.thread,
                          group_key(turn_id, e.channel_id, e.to, e.thread), e.chunk_index,
-                         e.chunk_total, e.text, at, at, at],
+                         e.chunk_total, e.ordered, event.position, e.text, at, at, at],
                     )
                 ]  # fmt: skip
             case DeliveryAttempted(attempt=attempt, node=node):

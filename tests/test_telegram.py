@@ -329,6 +329,23 @@ async def test_a_send_is_retried_as_the_provider_asks(
         assert "blocked" in final.error and fake.sent == []  # type: ignore[union-attr]
 
 
+@pytest.mark.asyncio
+async def test_replies_to_one_chat_arrive_in_order_even_when_the_first_must_wait(
+    fake: FakeTelegram, api_factory: ApiFactory
+) -> None:
+    # The first reply meets flood control (retry in 1 s); the second turn ends meanwhile. A chat
+    # shows replies in the order they were promised: the second waits for the first.
+    fake.fail_next("sendMessage", 429, "Too Many Requests: retry after 1", retry_after=1)
+    api = await start(api_factory, fake)
+    fake.push_message(5006, "first", from_id=5006)
+    await wait_for(lambda: _n(of_type(api, "delivery.retry"), 1), "the first reply's retry")
+    fake.push_message(5006, "second", from_id=5006)
+    await wait_for(lambda: _n(of_type(api, "turn.end"), 2), "the second turn's end")
+    messages = await sent(fake, 2)
+    assert ["first" in m["text"] for m in messages] == [True, False]
+    assert "second" in messages[1]["text"]
+
+
 # --- webhook mode -----------------------------------------------------------------------------
 
 

@@ -53,6 +53,9 @@ class Channel(Protocol):
     """Pauses before the 2nd, 3rd, ... attempt (jittered); their count + 1 bounds the attempts."""
     concurrency: int
     """How many sends may be in flight at once on this channel."""
+    ordered: bool
+    """Replies to one recipient arrive in the order they were promised (a chat), even across
+    turns and retries; otherwise only a reply's own chunks are kept in order."""
     measure: Callable[[str], int]
     """How the provider counts a message's length (Telegram: UTF-16 code units)."""
     allow_from: frozenset[str]

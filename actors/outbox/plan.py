@@ -80,6 +80,7 @@ def enqueue(
     *,
     max_chars: int,
     measure: Callable[[str], int],
+    ordered: bool = False,
     agent_id: str,
     session_key: str,
     turn_id: str,
@@ -96,6 +97,7 @@ def enqueue(
             chunk_index=index,
             chunk_total=len(chunks),
             text=chunk,
+            ordered=ordered,
         )
         for index, chunk in enumerate(chunks)
     ]

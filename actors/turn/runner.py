@@ -449,6 +449,7 @@ class TurnRunner:
             deliver,
             max_chars=channel.max_chars if channel else _DEFAULT_CHUNK,
             measure=channel.measure if channel else len,
+            ordered=channel.ordered if channel else False,
             agent_id=self.agent.id, session_key=self.session_key, turn_id=self.turn_id,
             text=outbox_plan.reply_text(text, end.reason),
         ))  # fmt: skip

@@ -14,6 +14,9 @@ CREATE TABLE outbox (
     group_key           text        NOT NULL,
     chunk_index         integer     NOT NULL,
     chunk_total         integer     NOT NULL,
+    ordered             boolean     NOT NULL DEFAULT false,
+    position            bigint      NOT NULL,
+    -- position: the global position of the item's delivery.enqueued, its place in line
     body                text        NOT NULL,
     status              text        NOT NULL
         CHECK (status IN ('pending', 'inflight', 'sent', 'failed', 'uncertain')),
@@ -33,8 +36,11 @@ CREATE TABLE outbox (
 -- Due items: only unsettled rows are indexed, so the index stays the size of the backlog.
 CREATE INDEX outbox_due_idx ON outbox (next_attempt_at, item_id)
     WHERE status IN ('pending', 'inflight');
--- Head of line: a chunk waits for its predecessor in the same reply.
+-- Head of line: a chunk waits for its predecessor in the same reply, and on an ordered channel
+-- (a chat) an item waits for every earlier unsettled item to the same recipient.
 CREATE INDEX outbox_group_idx ON outbox (group_key, chunk_index);
+CREATE INDEX outbox_line_idx ON outbox (agent_id, channel_id, recipient, position)
+    WHERE ordered AND status IN ('pending', 'inflight');
 -- The turn resource shows its deliveries.
 CREATE INDEX outbox_turn_idx ON outbox (turn_id);
 

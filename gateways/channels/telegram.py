@@ -48,6 +48,7 @@ class TelegramError(Exception):
 
 class TelegramChannel:
     type = "telegram"
+    ordered = True
     idempotent = False
     concurrency = 8
     max_chars = MAX_CHARS

@@ -45,6 +45,7 @@ _ENCODE = msgspec.json.Encoder()
 
 class WebhookChannel:
     type = "webhook"
+    ordered = False
     idempotent = True
 
     def __init__(self, config: WebhookConfig, secret: str) -> None:
