@@ -22,6 +22,8 @@ from actors.messages import (
     Cleared,
     ClearSession,
     Refused,
+    ResolveApproval,
+    Resolved,
     Resume,
     StopResult,
     StopTurn,
@@ -37,6 +39,8 @@ _ASK_TIMEOUT = 30.0
 _UNFINISHED = b"""SELECT turn_id, agent_id, session_key FROM turns
                   WHERE status = 'running' ORDER BY started_at, turn_id"""
 _TURN = b"SELECT agent_id, session_key, status FROM turns WHERE turn_id = %s"
+_APPROVAL = b"""SELECT session_key, status, turn_id FROM approvals
+                 WHERE approval_id = %s AND agent_id = %s"""
 
 
 class Engine:
@@ -190,6 +194,31 @@ class Engine:
             answer: StopResult = result.answer
             return answer
         return result
+
+    async def resolve_approval(self, resolve: ResolveApproval) -> Resolved | Refused:
+        """Answer a tool call's approval request, through the session that holds its turn."""
+        try:
+            rows = await self.store.afetch(_APPROVAL, [resolve.approval_id, resolve.agent_id])
+        except StoreError as e:
+            return Refused(code=e.code, message=e.message, hint=e.hint)
+        if not rows or rows[0][1] != "pending":
+            return Refused(
+                code="approval_not_found",
+                message=f"no open approval {resolve.approval_id!r} on agent {resolve.agent_id!r}",
+                hint="it was answered already, timed out, or never existed; GET "
+                f"/v1/agents/{resolve.agent_id}/approvals lists the open ones",
+            )
+        ref = self.session(resolve.agent_id, rows[0][0])
+        resolve = msgspec.structs.replace(resolve, turn_id=rows[0][2])
+        try:
+            result: Pending | Refused = await Portal.ask(ref, resolve, _ASK_TIMEOUT)
+            if isinstance(result, Refused):
+                return result
+            await asyncio.wrap_future(result.committed)
+        except StoreError as e:
+            return Refused(code=e.code, message=e.message, hint=e.hint)
+        resolved: Resolved = result.answer
+        return resolved
 
     async def drain(self, timeout: float) -> None:
         """Stop every actor (running turns are cancelled without a stop request, so they stay

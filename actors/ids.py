@@ -37,3 +37,10 @@ def keyed_turn_id(agent_id: str, idempotency_key: str) -> str:
     of the agent and the key, so every node derives the same id (see actors/idempotency.py)."""
     digest = hashlib.sha256(f"{agent_id}\0{idempotency_key}".encode()).digest()
     return "t_k" + _base36(int.from_bytes(digest[:10], "big")).rjust(16, "0")[-16:]
+
+
+def approval_id(turn_id: str, call_id: str) -> str:
+    """``ap_`` + 16 base36 digits of a SHA-256 of the turn and the tool call: the same call asks
+    under the same id, whichever node (or attempt) asks."""
+    digest = hashlib.sha256(f"{turn_id}\0{call_id}".encode()).digest()
+    return "ap_" + _base36(int.from_bytes(digest[:10], "big")).rjust(16, "0")[-16:]

@@ -76,12 +76,29 @@ class TurnFinished(msgspec.Struct, frozen=True):
     reason: str | None
 
 
+class ResolveApproval(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A person's answer to a tool call that asked for approval (or its timeout)."""
+
+    agent_id: str
+    approval_id: str
+    granted: bool
+    by: str = "api"
+    turn_id: str | None = None
+    """Filled in by the engine (from the approvals projection) for the session actor."""
+
+
+class Resolved(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    approval_id: str
+    granted: bool
+
+
 class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     """The envelope of an answer on NATS: exactly one of the fields is set."""
 
     accepted: Accepted | None = None
     stop: StopResult | None = None
     cleared: Cleared | None = None
+    resolved: Resolved | None = None
     error: Refused | None = None
 
 

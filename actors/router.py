@@ -18,7 +18,7 @@ import structlog
 
 from actors.bridge import InFlight
 from actors.engine import Engine
-from actors.messages import ClearSession, Refused, Reply, StopTurn, Submit
+from actors.messages import ClearSession, Refused, Reply, ResolveApproval, StopTurn, Submit
 from eventstore import subjects
 
 log = structlog.get_logger("dispach.router")
@@ -28,6 +28,7 @@ C = TypeVar("C")
 _SUBMIT = msgspec.json.Decoder(Submit)
 _STOP = msgspec.json.Decoder(StopTurn)
 _CLEAR = msgspec.json.Decoder(ClearSession)
+_RESOLVE = msgspec.json.Decoder(ResolveApproval)
 _REPLY = msgspec.json.Encoder()
 
 
@@ -45,6 +46,9 @@ class Router:
             await self._nc.subscribe(f"{subjects.PREFIX}.turn.>", _QUEUE, cb=wrap(self._stop)),
             await self._nc.subscribe(
                 f"{subjects.PREFIX}.sessionadmin.>", _QUEUE, cb=wrap(self._clear)
+            ),
+            await self._nc.subscribe(
+                f"{subjects.PREFIX}.approval.>", _QUEUE, cb=wrap(self._resolve)
             ),
         ]
 
@@ -74,6 +78,13 @@ class Router:
             return Reply(error=result) if isinstance(result, Refused) else Reply(cleared=result)
 
         await _serve(msg, _CLEAR, handle)
+
+    async def _resolve(self, msg: nats.aio.msg.Msg) -> None:
+        async def handle(resolve: ResolveApproval) -> Reply:
+            result = await self._engine.resolve_approval(resolve)
+            return Reply(error=result) if isinstance(result, Refused) else Reply(resolved=result)
+
+        await _serve(msg, _RESOLVE, handle)
 
 
 async def _serve(

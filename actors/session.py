@@ -10,6 +10,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -22,6 +23,8 @@ from actors.messages import (
     Cleared,
     ClearSession,
     Refused,
+    ResolveApproval,
+    Resolved,
     Resume,
     StopResult,
     StopTurn,
@@ -30,9 +33,10 @@ from actors.messages import (
 )
 from actors.turn.actor import TurnActor
 from actors.turn.context import HistoryRow
-from actors.turn.runner import TurnRunner
-from eventstore import NO_STREAM, AppendResult, Metadata, NewEvent, RecordedEvent, streams
-from eventstore.catalogue import SessionCleared, Tokens, TurnEnd, TurnStart
+from actors.turn.core import Approval
+from actors.turn.runner import AWAITING_APPROVAL, TurnRunner
+from eventstore import ANY, NO_STREAM, AppendResult, Metadata, NewEvent, RecordedEvent, streams
+from eventstore.catalogue import ApprovalResolved, SessionCleared, Tokens, TurnEnd, TurnStart
 
 if TYPE_CHECKING:
     from actors.engine import Engine
@@ -62,6 +66,23 @@ class _Committed:
 
 
 @dataclass(frozen=True)
+class _Unpark:
+    turn_id: str
+
+
+@dataclass
+class _Parked:
+    turn_id: str
+    pending: dict[str, str]
+    """Approval ids not answered yet, with their tools' names."""
+
+
+def _tell(ref: pykka.ActorRef[Any], message: object) -> None:
+    with contextlib.suppress(pykka.ActorDeadError):
+        ref.tell(message)
+
+
+@dataclass(frozen=True)
 class Pending:
     """An answer that holds once ``committed`` (an append the actor submitted) has: the asker
     awaits the commit, the actor never blocks on it."""
@@ -85,6 +106,8 @@ class SessionActor(LoopActor):
         self._accepted: dict[str, list[RecordedEvent]] = {}  # committed, not yet started
         self._running: tuple[str, pykka.ActorRef[Any]] | None = None
         self._runner: TurnRunner | None = None  # the running turn's runner (read-only here)
+        self._parked: _Parked | None = None
+        """The turn waiting for approvals, if one is: it holds the session like a running one."""
         self._history: list[HistoryRow] | None = None
         """The session's history as the next turn reads it, once a turn here has ended (None:
         the next turn loads it from the messages projection)."""
@@ -102,16 +125,10 @@ class SessionActor(LoopActor):
 
     def _handle(self, message: Any) -> Any:
         if isinstance(message, _Committed):
-            self._uncommitted.pop(message.turn_id, None)
-            if message.result is None:
-                if message.turn_id in self._queue:  # never accepted: the asker got the error
-                    self._queue.remove(message.turn_id)
-            else:
-                self._accepted[message.turn_id] = message.result.events
-            self._start_next()
+            self._committed(message)
             return None
         if message == IDLE_FOR:
-            busy = self._running is not None or bool(self._queue)
+            busy = self._running is not None or bool(self._queue) or self._parked is not None
             return 0.0 if busy else time.monotonic() - self.last_active
         self.last_active = time.monotonic()
         match message:
@@ -125,15 +142,98 @@ class SessionActor(LoopActor):
                 self._queue.extend(t for t in turn_ids if t not in self._queue)
                 self._start_next()
                 return None
-            case TurnFinished(turn_id=turn_id, reason=reason):
-                if self._running is not None and self._running[0] == turn_id:
-                    ran = self._runner
-                    self._history = ran.history_after if ran and reason is not None else None
-                    self._running = None
-                    self._runner = None
-                self._start_next()
+            case TurnFinished() as finished:
+                self._finished(finished)
+                return None
+            case ResolveApproval() as resolve:
+                return self._resolve(resolve)
+            case _Unpark(turn_id=turn_id):
+                if self._parked is not None and self._parked.turn_id == turn_id:
+                    self._unpark()
                 return None
         return None
+
+    def _committed(self, message: _Committed) -> None:
+        self._uncommitted.pop(message.turn_id, None)
+        if message.result is None:
+            if message.turn_id in self._queue:  # never accepted: the asker got the error
+                self._queue.remove(message.turn_id)
+        else:
+            self._accepted[message.turn_id] = message.result.events
+        self._start_next()
+
+    def _finished(self, finished: TurnFinished) -> None:
+        if self._running is not None and self._running[0] == finished.turn_id:
+            ran, reason = self._runner, finished.reason
+            self._history = ran.history_after if ran and reason is not None else None
+            self._running = None
+            self._runner = None
+            if reason == AWAITING_APPROVAL and ran is not None:
+                self._park(finished.turn_id, ran.parked)
+        self._start_next()
+
+    # --- tool calls waiting for approval ----------------------------------------------------
+
+    def _park(self, turn_id: str, waiting: list[Approval]) -> None:
+        """The turn waits for approvals: the session holds it (nothing else runs) without a
+        task; each approval's deadline is a timer that answers it as denied."""
+        self._parked = _Parked(turn_id, {a.approval_id: a.slug for a in waiting})
+        now = datetime.now(UTC)
+        me = self.actor_ref
+        for approval in waiting:
+            try:
+                due = (datetime.fromisoformat(approval.expires_at) - now).total_seconds()
+            except ValueError:
+                due = 0.0
+            timeout = ResolveApproval(agent_id=self._agent.id, approval_id=approval.approval_id,
+                                      granted=False, by="timeout")  # fmt: skip
+            self._loop.call_later(max(due, 0.0), _tell, me, timeout)
+
+    def _resolve(self, resolve: ResolveApproval) -> Pending | Refused:
+        parked = self._parked
+        restoring = resolve.turn_id is not None and (
+            resolve.turn_id in self._queue
+            or (self._running is not None and self._running[0] == resolve.turn_id)
+        )
+        if restoring and (parked is None or parked.turn_id != resolve.turn_id):
+            return Refused(
+                code="approval_busy",
+                message=f"the turn of approval {resolve.approval_id!r} is being restored",
+                hint="retry in a moment (the node has just started, or the turn is resuming)",
+            )
+        if parked is None or resolve.approval_id not in parked.pending:
+            return Refused(
+                code="approval_not_found",
+                message=f"approval {resolve.approval_id!r} is not waiting for an answer",
+                hint="it was answered already, timed out, or its turn ended; GET "
+                f"/v1/agents/{self._agent.id}/approvals lists the open ones",
+            )
+        slug = parked.pending.pop(resolve.approval_id)
+        meta = Metadata(agent_id=self._agent.id, session_key=self._session_key,
+                        turn_id=parked.turn_id)  # fmt: skip
+        event = ApprovalResolved(approval_id=resolve.approval_id, slug=slug,
+                                 granted=resolve.granted, by=resolve.by)  # fmt: skip
+        committed = self._engine.store.submit(
+            streams.turn(parked.turn_id), [NewEvent(event=event, metadata=meta)], ANY
+        )
+        if not parked.pending:
+            turn_id, me = parked.turn_id, self.actor_ref
+
+            def settled(future: Future[AppendResult]) -> None:
+                with contextlib.suppress(pykka.ActorDeadError):
+                    me.tell(_Unpark(turn_id))
+
+            committed.add_done_callback(settled)
+        return Pending(Resolved(approval_id=resolve.approval_id, granted=resolve.granted),
+                       committed)  # fmt: skip
+
+    def _unpark(self, stop_by: str | None = None) -> None:
+        """Every approval is answered (or the turn is stopped): run the turn again, first."""
+        assert self._parked is not None
+        turn_id = self._parked.turn_id
+        self._parked = None
+        self._queue.appendleft(turn_id)
+        self._start_next(stop_by)
 
     def _submit(self, submit: Submit) -> Accepting | Refused:
         policy = submit.concurrency or self._agent.concurrency
@@ -178,6 +278,8 @@ class SessionActor(LoopActor):
         committed.add_done_callback(settled)
         if policy == "interrupt" and self._running is not None:
             self._running[1].tell(StopTurn(turn_id=self._running[0], by="interrupt"))
+        elif policy == "interrupt" and self._parked is not None:
+            self._unpark(stop_by="interrupt")
         return Accepting(Accepted(turn_id=turn_id, session_key=self._session_key), committed)
 
     def _known(self, turn_id: str) -> Future[AppendResult] | None:
@@ -198,7 +300,7 @@ class SessionActor(LoopActor):
         running = self._running is not None and (
             self._runner is None or self._runner.state.ended is None
         )
-        return running or bool(self._queue)
+        return running or bool(self._queue) or self._parked is not None
 
     def _clear(self, clear: ClearSession) -> Pending | Refused:
         if self._busy():
@@ -219,6 +321,9 @@ class SessionActor(LoopActor):
         if self._running is not None and self._running[0] == stop.turn_id:
             self._running[1].tell(stop)
             return StopResult(stopping=True, state="stopping")
+        if self._parked is not None and self._parked.turn_id == stop.turn_id:
+            self._unpark(stop_by=stop.by)  # it ends as stopped; its waiting calls are not run
+            return StopResult(stopping=True, state="stopping")
         if stop.turn_id in self._queue:
             self._queue.remove(stop.turn_id)
             self._accepted.pop(stop.turn_id, None)
@@ -234,8 +339,13 @@ class SessionActor(LoopActor):
             streams.turn(turn_id), [NewEvent(event=end, metadata=meta)]
         )
 
-    def _start_next(self) -> None:
-        if self._running is not None or not self._queue or self._queue[0] in self._uncommitted:
+    def _start_next(self, stop_by: str | None = None) -> None:
+        if (
+            self._running is not None
+            or self._parked is not None
+            or not self._queue
+            or self._queue[0] in self._uncommitted
+        ):
             return
         turn_id = self._queue.popleft()
         engine = self._engine
@@ -243,6 +353,8 @@ class SessionActor(LoopActor):
             engine.store, self._agent, turn_id, self._session_key, engine.node_id,
             stored=self._accepted.pop(turn_id, None), history=self._history,
         )  # fmt: skip
+        if stop_by is not None:
+            runner.request_stop(stop_by)
         me = self.actor_ref
         ref = engine.host.start(TurnActor, engine.portal, runner, me.tell, engine.running)
         self._running = (turn_id, ref)

@@ -175,6 +175,9 @@ class ToolResult(Event, frozen=True):
     trust: str = "trusted"
     uncertain: bool = False
     output: str | None = None
+    refused: bool = False
+    """The call was not run because a policy or a person said no: reported to the model as a
+    refusal, not as an error of the tool."""
 
 
 class ToolGated(Event, frozen=True):
@@ -199,6 +202,8 @@ class ApprovalRequested(Event, frozen=True):
     mutating: bool
     reason: str
     match: str | None = None
+    expires_at: str = ""
+    """ISO 8601: unanswered by then, the request is resolved as denied (by ``timeout``)."""
 
 
 class ApprovalResolved(Event, frozen=True):

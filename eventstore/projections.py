@@ -7,6 +7,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from eventstore.approvals import ApprovalsProjection
 from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
@@ -199,7 +200,7 @@ def history_row(event: Event | UnknownEvent) -> tuple[str, Any] | None:
                     "type": "tool_result",
                     "tool_use_id": result.call_id,
                     "content": result.output or "",
-                    "is_error": not result.ok,
+                    "is_error": not result.ok and not result.refused,
                 },
             )
     return None
@@ -251,6 +252,7 @@ INLINE: tuple[Projection, ...] = (
     SessionsProjection(),
     OutboxProjection(),
     SchedulesProjection(),
+    ApprovalsProjection(),
 )
 # Projections nobody reads right after a write run asynchronously (ProjectionRunner). `sessions`
 # was one, but a runner costs the event loop a read and a checkpoint commit per wake-up, measured

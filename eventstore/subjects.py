@@ -62,6 +62,11 @@ def turn(turn_id: str) -> str:
     return f"{PREFIX}.turn.{token(turn_id)}"
 
 
+def approval(agent_id: str) -> str:
+    """Answers to approval requests of an agent's turns (any node finds the turn's session)."""
+    return f"{PREFIX}.approval.{token(agent_id)}"
+
+
 def outbox(channel: str) -> str:
     """Replies were promised to ``channel``: outboxes on other nodes look now, not at their poll."""
     return f"{PREFIX}.outbox.{token(channel)}"

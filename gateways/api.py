@@ -86,6 +86,8 @@ _STATUS = {
     "agent_not_found": 404,
     "turn_not_found": 404,
     "session_not_found": 404,
+    "approval_not_found": 404,
+    "approval_busy": 409,
     "session_busy": 409,
     "idempotency_key_reused": 409,
     "accept_conflict": 409,

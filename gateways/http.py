@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from gateways import api, hooks, openapi, schedules, sessions, sse, ws
+from gateways import api, approvals, hooks, openapi, schedules, sessions, sse, ws
 from gateways.api import ApiError, Runtime
 from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
@@ -82,6 +82,8 @@ def create_app(
         Route(session, sessions.session, methods=["GET", "DELETE"]),
         Route(session + "/messages", sessions.session, methods=["GET", "DELETE"]),
         Route("/v1/events", sse.events_stream, methods=["GET"]),
+        Route(agent + "/approvals", approvals.list_approvals, methods=["GET"]),
+        Route(agent + "/approvals/{approval}", approvals.decide, methods=["POST"]),
         Route(agent + "/schedules", schedules.list_schedules, methods=["GET"]),
         Route(agent + "/schedules", schedules.create_schedule, methods=["POST"]),
         Route(schedule, schedules.get_schedule, methods=["GET"]),

@@ -17,7 +17,17 @@ import structlog
 
 from actors import idempotency
 from actors.bridge import InFlight
-from actors.messages import Accepted, Cleared, ClearSession, Refused, Reply, StopTurn, Submit
+from actors.messages import (
+    Accepted,
+    Cleared,
+    ClearSession,
+    Refused,
+    Reply,
+    ResolveApproval,
+    Resolved,
+    StopTurn,
+    Submit,
+)
 from eventstore import subjects
 from eventstore.catalogue import Deliver, Sender
 
@@ -93,6 +103,23 @@ async def clear(nc: nats.aio.client.Client, agent_id: str, session_key: str, by:
     reply = await _command(nc, subjects.session_admin(agent_id, session_key), command, timeout)
     if reply.cleared is not None:
         return reply.cleared
+    assert reply.error is not None
+    return reply.error
+
+
+async def resolve_approval(
+    nc: nats.aio.client.Client,
+    agent_id: str,
+    approval_id: str,
+    granted: bool,
+    by: str,
+    timeout: float = 10.0,
+) -> Resolved | Refused:
+    """Answer a tool call's approval request through its session's actor (whichever node)."""
+    command = ResolveApproval(agent_id=agent_id, approval_id=approval_id, granted=granted, by=by)
+    reply = await _command(nc, subjects.approval(agent_id), command, timeout)
+    if reply.resolved is not None:
+        return reply.resolved
     assert reply.error is not None
     return reply.error
 

@@ -11,6 +11,7 @@ import msgspec
 from actors.schedule.plan import ScheduleSpec
 from eventstore import WireEvent
 from gateways.api import STATUSES
+from gateways.approvals import ApprovalList, Decision, DecisionAnswer
 from gateways.errors import ErrorEnvelope
 from gateways.hooks import Taken
 from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
@@ -32,6 +33,9 @@ from gateways.schemas import (
 )
 
 _TYPES: tuple[Any, ...] = (
+    ApprovalList,
+    Decision,
+    DecisionAnswer,
     ScheduleSpec,
     ScheduleResource,
     ScheduleList,
@@ -316,6 +320,22 @@ def _paths() -> dict[str, Any]:
                 params=[AGENT, KEY],
             ),
         },
+        agent + "/approvals": {
+            "get": _op(
+                "Tool calls waiting for a person's approval, oldest first",
+                {"200": _json(_ref(ApprovalList), "Pending approvals")},
+                params=[AGENT],
+            )
+        },
+        agent + "/approvals/{approval}": {
+            "post": _op(
+                "Answer an approval: the turn runs on with the call, or with a refusal",
+                {"200": _json(_ref(DecisionAnswer), "Answered")},
+                params=[AGENT, _param("approval", "path", "Approval id")],
+                body=Decision,
+                errors=("400", "401", "404", "503"),
+            )
+        },
         agent + "/schedules": {
             "get": _op(
                 "Schedules of the agent (manifest and API), with their next due time",
@@ -426,6 +446,9 @@ def _constrain(components: dict[str, Any]) -> None:
     # A schedule must say where its replies go ("none" is an answer; leaving it out is refused
     # with schedule_missing_delivery). Expressions, zones and sessions are checked by the server
     # (schedule_invalid): no schema can say which cron expressions exist.
+    # An approval's answer must say yes or no (missing: approval_decision_required, v1's code).
+    components["Decision"]["required"] = ["granted"]
+    components["Decision"]["properties"]["granted"] = {"type": "boolean"}
     spec = components["ScheduleSpec"]
     spec["required"] = sorted({*spec.get("required", []), "deliver"})
     spec["properties"]["task"].update(minLength=1, pattern=NOT_BLANK)

@@ -27,7 +27,7 @@ from actors.messages import Refused
 from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
 from eventstore.catalogue import Deliver, TurnEnd
 from eventstore.feed import Scope
-from gateways import ingress, metrics
+from gateways import approvals, ingress, metrics
 from gateways.api import ApiError, load_turn, nats_of, runtime, visible_agent
 from gateways.auth import SUBPROTOCOL
 from gateways.sse import feed_of, turn_backlog
@@ -78,6 +78,9 @@ class StopFrame(_Frame, tag="stop", frozen=True):
 class ApproveFrame(_Frame, tag="approve", frozen=True):
     approval_id: str
     granted: bool
+    agent_id: str | None = None
+    """The approval's agent (default: the socket's ``?agentId=``)."""
+    ref: str | None = None
 
 
 class PingFrame(_Frame, tag="ping", frozen=True):
@@ -174,12 +177,8 @@ class Socket:
                 self.send("ws.unsubscribed", sub=sub)
             case StopFrame(turn_id=turn_id):
                 await self._stop(turn_id)
-            case ApproveFrame(approval_id=approval_id):
-                self.error(
-                    "approval_not_found",
-                    f"no pending approval {approval_id!r}",
-                    "this node has no tool approvals pending",
-                )
+            case ApproveFrame():
+                await self._approve(frame)
 
     async def _message(self, frame: MessageFrame) -> None:
         agent_id = frame.agent_id or self.default_agent
@@ -304,6 +303,23 @@ class Socket:
         self.send("stream.ended", sub=sub_id, turnId=event.metadata.turn_id,
                   status=event.data.reason, steps=event.data.steps)  # fmt: skip
         self.subs.pop(sub_id, None)
+
+    async def _approve(self, frame: ApproveFrame) -> None:
+        agent_id = frame.agent_id or self.default_agent
+        if agent_id is None:
+            self.error("agent_id_required", "the approve frame names no agent",
+                       "send agentId in the frame (or ?agentId= on the socket URL)",
+                       ref=frame.ref)  # fmt: skip
+            return
+        if self._refuses_agent(agent_id, ref=frame.ref):
+            return
+        answer = await approvals.resolve(self.ws, agent_id, frame.approval_id, frame.granted,
+                                         "ws")  # fmt: skip
+        if isinstance(answer, Refused):
+            self.error(answer.code, answer.message, answer.hint, ref=frame.ref)
+            return
+        self.send("ws.approved", ref=frame.ref, approvalId=answer.approval_id,
+                  granted=answer.granted)  # fmt: skip
 
     async def _stop(self, turn_id: str) -> None:
         try:

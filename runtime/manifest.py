@@ -66,6 +66,9 @@ class ToolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     input_schema: dict[str, Any] | None = None
     mutating: bool = False
     timeout_s: Seconds | None = None
+    policy: Literal["allow", "deny", "ask"] = "allow"
+    """``ask``: each call waits for a person's approval (POST …/approvals/{id}); ``deny``: the
+    model is told the call was refused."""
 
 
 class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -74,6 +77,7 @@ class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     tool_timeout_s: Seconds = 30.0
     max_output_tokens: Positive = 32_000
     max_tool_output_chars: Positive = 16_000
+    approval_timeout_s: Seconds = 3600.0
 
 
 class SessionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -170,6 +174,7 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
             tool_timeout_s=limits.tool_timeout_s,
             max_output_tokens=limits.max_output_tokens,
             max_tool_output_chars=limits.max_tool_output_chars,
+            approval_timeout_s=limits.approval_timeout_s,
         ),
         concurrency=manifest.session.concurrency,
         channels=_channels(manifest, env),
@@ -268,14 +273,14 @@ def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
         spec = factory()
         if config.timeout_s is not None:
             spec = dataclasses.replace(spec, timeout_s=config.timeout_s)
-        return spec
+        return dataclasses.replace(spec, policy=config.policy)
     if config.input_schema is None:
         raise ManifestError(
             f"agent {manifest.id!r}: tool {config.name!r} has a module but no input_schema",
             "give the tool's input as a JSON Schema object under input_schema",
             field="tools",
         )
-    return load_custom(
+    custom = load_custom(
         config.name,
         config.module,
         config.description or config.name,
@@ -283,3 +288,4 @@ def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
         config.mutating,
         config.timeout_s,
     )
+    return dataclasses.replace(custom, policy=config.policy)

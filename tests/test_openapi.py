@@ -94,9 +94,11 @@ BY_DATA = frozenset(
 # Operations no generated request can make succeed here: stop (the pinned turn has ended), a
 # schedule's creation and replacement (a valid cron expression or duration, a real time zone, and
 # for a replacement the path's id: beyond a schema; test_schedule_writes_by_hand sends them), the
-# channel webhook (the default agent has no channel in webhook mode).
+# channel webhook (the default agent has no channel in webhook mode), an approval's answer (no
+# tool of the default agent asks; tests/test_approvals.py answers real ones).
 NEEDS_DATA = frozenset({
     STOP,
+    "POST /v1/agents/{agent}/approvals/{approval}",
     f"POST {_SCHEDULE}",
     f"PUT {_SCHEDULE}/{{schedule}}",
     f"PATCH {_SCHEDULE}/{{schedule}}",
@@ -407,7 +409,7 @@ async def test_every_operation_refuses_a_missing_or_wrong_token(api_factory: Api
     api = await api_factory.start(tokens=["fuzz-secret"])
     labels = (await in_child(Job(kind="validate", url=api.url)))["operations"]
     values = {"agent": "assistant", "turn_id": "t-nope", "key": "k", "schedule": "s",
-              "channel": "telegram"}  # fmt: skip
+              "channel": "telegram", "approval": "ap_nope"}  # fmt: skip
     requests: list[Request] = []
     for label in labels:
         path = label.split(" ", 1)[1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -46,6 +46,9 @@ class ToolSpec:
     run: ToolRun
     timeout_s: float | None = None
     """None: the turn's default timeout."""
+    policy: Literal["allow", "deny", "ask"] = "allow"
+    """``deny``: never run (the model is told it was refused); ``ask``: each call waits for a
+    person's approval."""
 
 
 class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):

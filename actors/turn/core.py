@@ -13,6 +13,8 @@ import msgspec
 
 from eventstore import RecordedEvent
 from eventstore.catalogue import (
+    ApprovalRequested,
+    ApprovalResolved,
     Deliver,
     EndReason,
     ErrorDetail,
@@ -34,6 +36,19 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     max_output_tokens: int = 32_000
     """Output tokens the whole turn may produce, over all its steps."""
     max_tool_output_chars: int = 16_000
+    approval_timeout_s: float = 3600.0
+    """How long a tool call that asks for approval waits before it counts as denied."""
+
+
+class Approval(msgspec.Struct, frozen=True):
+    """A tool call that asked for a person's approval, and the answer once there is one."""
+
+    approval_id: str
+    call_id: str
+    slug: str
+    expires_at: str
+    granted: bool | None = None
+    by: str | None = None
 
 
 class OpenCall(msgspec.Struct, frozen=True):
@@ -64,6 +79,7 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     open_calls: tuple[OpenCall, ...] = ()
+    approvals: tuple[Approval, ...] = ()
     last_finish_reason: str | None = None
     ended: EndReason | None = None
 
@@ -113,7 +129,7 @@ def apply(
                 "type": "tool_result",
                 "tool_use_id": result.call_id,
                 "content": result.output or "",
-                "is_error": not result.ok,
+                "is_error": not result.ok and not result.refused,
             }
             messages = list(state.transcript)
             last = messages[-1] if messages else None
@@ -128,10 +144,25 @@ def apply(
             )
         case ToolRepair():
             return replace(state, repairs=state.repairs + 1)
+        case ApprovalRequested() | ApprovalResolved():
+            return replace(state, approvals=_approvals(state.approvals, data))
         case TurnEnd(reason=reason):
             return replace(state, ended=reason)
         case _:
             return state
+
+
+def _approvals(
+    approvals: tuple[Approval, ...], data: ApprovalRequested | ApprovalResolved
+) -> tuple[Approval, ...]:
+    if isinstance(data, ApprovalRequested):
+        return (*approvals, Approval(data.approval_id, data.call_id, data.slug, data.expires_at))
+    return tuple(
+        msgspec.structs.replace(a, granted=data.granted, by=data.by)
+        if a.approval_id == data.approval_id
+        else a
+        for a in approvals
+    )
 
 
 def fold(events: list[RecordedEvent]) -> TurnState:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.tools import ToolRegistry, ToolSpec
-from actors.turn.core import OpenCall, TurnState
-from eventstore.catalogue import ToolRepair, ToolResult
+from actors.turn.core import Approval, OpenCall, TurnState
+from eventstore.catalogue import ToolGated, ToolRepair, ToolResult
 from eventstore.event import Event
 
 UNCERTAIN = (
@@ -27,10 +27,17 @@ class ToolPlan:
     """Mutating calls a crash cut short: never re-run, reported as uncertain."""
     invalid: dict[str, list[str]] = field(default_factory=dict)
     """Call id → its input's errors (``path: message``)."""
+    refused: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
+    """Valid calls that do not run: (block, why, policy) for the model and ``tool.gated``."""
+    ask: list[tuple[dict[str, Any], ToolSpec]] = field(default_factory=list)
+    """Calls whose tool asks for approval and that have not asked yet."""
+    waiting: list[Approval] = field(default_factory=list)
+    """Approvals asked for and not answered yet: the step waits (parks) until they are."""
 
 
 def plan(state: TurnState, pending: list[dict[str, Any]], registry: ToolRegistry) -> ToolPlan:
     opened = {c.call_id: c for c in state.open_calls}
+    asked = {a.call_id: a for a in state.approvals}
     result = ToolPlan()
     for block in pending:
         call_id, name = block["id"], block["name"]
@@ -46,9 +53,36 @@ def plan(state: TurnState, pending: list[dict[str, Any]], registry: ToolRegistry
             errors = [f"$: the input is not valid JSON ({block['invalid_json']})"]
         if errors or spec is None:
             result.invalid[call_id] = errors
+        elif spec.policy == "deny":
+            result.refused.append((block, f"refused: the agent's policy does not allow {name}",
+                                   "deny"))  # fmt: skip
+        elif spec.policy == "ask":
+            _gate(result, block, spec, asked.get(call_id))
         else:
             result.start.append((block, spec))
     return result
+
+
+def _gate(result: ToolPlan, block: dict[str, Any], spec: ToolSpec, asked: Approval | None) -> None:
+    """Where a call that needs approval goes: ask, wait, run, or be refused."""
+    if asked is None:
+        result.ask.append((block, spec))
+    elif asked.granted is None:
+        result.waiting.append(asked)
+    elif asked.granted:
+        result.start.append((block, spec))
+    else:
+        who = "the approval timed out" if asked.by == "timeout" else f"{asked.by} denied it"
+        result.refused.append((block, f"refused: {spec.name} needs approval and {who}", "ask"))
+
+
+def refusal(block: dict[str, Any], why: str, policy: str) -> list[Event]:
+    """A call that does not run: ``tool.gated`` and a result the model reads as a refusal."""
+    return [
+        ToolGated(slug=block["name"], call_id=block["id"], reason=why, policy=policy),
+        ToolResult(slug=block["name"], call_id=block["id"], ok=False, latency_ms=0,
+                   bytes=len(why.encode()), output=why, refused=True),
+    ]  # fmt: skip
 
 
 def repair_events(pending: list[dict[str, Any]], invalid: dict[str, list[str]],

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -30,10 +30,11 @@ from actors.metrics import (
 )
 from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
 from actors.outbox import plan as outbox_plan
-from actors.tools import args_hash, execute_calls
+from actors.tools import ToolSpec, args_hash, execute_calls
 from actors.tools.notes import StoreNotes
 from actors.turn import context
 from actors.turn.core import (
+    Approval,
     End,
     RunTools,
     TurnState,
@@ -46,7 +47,7 @@ from actors.turn.core import (
     repair_outcome,
     unanswered_tool_uses,
 )
-from actors.turn.plan import UNCERTAIN, closed, not_run, plan, repair_events
+from actors.turn.plan import UNCERTAIN, closed, not_run, plan, refusal, repair_events
 from eventstore import (
     AppendResult,
     EventStore,
@@ -58,6 +59,8 @@ from eventstore import (
     streams,
 )
 from eventstore.catalogue import (
+    ApprovalRequested,
+    ApprovalResolved,
     ContextAssembled,
     Deliver,
     ErrorDetail,
@@ -77,6 +80,30 @@ from eventstore.projections import history_row
 log = structlog.get_logger("dispach.turn")
 
 _STORE_RETRIES = 5
+AWAITING_APPROVAL = "awaiting_approval"
+"""What :meth:`TurnRunner.run` returns for a turn that waits for approvals (not an end)."""
+
+
+class Parked(Exception):
+    """The step needs approvals that are not answered yet."""
+
+    def __init__(self, waiting: list[Approval]) -> None:
+        super().__init__(f"{len(waiting)} approvals pending")
+        self.waiting = waiting
+
+
+def _waited(stored: Sequence[RecordedEvent]) -> float:
+    """Seconds the turn spent waiting for approvals (from each request to its answer)."""
+    asked: dict[str, datetime] = {}
+    waited = 0.0
+    for event in stored:
+        if isinstance(event.data, ApprovalRequested):
+            asked[event.data.approval_id] = event.recorded_at
+        elif isinstance(event.data, ApprovalResolved) and event.data.approval_id in asked:
+            waited += (event.recorded_at - asked.pop(event.data.approval_id)).total_seconds()
+    return waited
+
+
 _DEFAULT_CHUNK = 4096
 _CHUNK_CHARS = 512
 _CHUNK_SECONDS = 0.05
@@ -113,6 +140,8 @@ class TurnRunner:
         self._history = history  # the session's earlier rows when its actor holds them
         self._rows: list[context.HistoryRow] = []  # this turn's own rows
         self.history_after: list[context.HistoryRow] | None = None
+        self.parked: list[Approval] = []
+        """The approvals the turn waits for, when :meth:`run` returned AWAITING_APPROVAL."""
         """The session's history once this turn ended (for the session actor to keep)."""
         self.store = store
         self.agent = agent
@@ -184,7 +213,8 @@ class TurnRunner:
             )])  # fmt: skip
             rows = await self._earlier_rows()
             history = context.merge(rows)
-            elapsed = (datetime.now(UTC) - self._started_at).total_seconds()
+            # Time spent waiting for a person's approval is not the turn's to spend.
+            elapsed = (datetime.now(UTC) - self._started_at).total_seconds() - _waited(stored)
             budget = max(0.0, self.agent.limits.turn_timeout_s - elapsed)
             try:
                 async with asyncio.timeout(budget):
@@ -197,7 +227,7 @@ class TurnRunner:
                 ))  # fmt: skip
             except ModelError as e:
                 end = End("error", ErrorDetail(code=e.code, message=e.message, hint=e.hint))
-            except (StoreError, asyncio.CancelledError):
+            except (StoreError, asyncio.CancelledError, Parked):
                 raise
             except Exception as e:  # a bug: end the turn honestly rather than leave it running
                 log.exception("turn_internal_error", turn=self.turn_id)
@@ -212,6 +242,11 @@ class TurnRunner:
         except WrongExpectedVersion:
             log.warning("turn_taken_over", turn=self.turn_id)
             return None
+        except Parked as parked:
+            # Nothing runs for the turn while it waits: no task, no thread. Its session actor
+            # holds the session for it and restarts it once every approval is answered.
+            self.parked = parked.waiting
+            return AWAITING_APPROVAL
         await self._finish(end)
         if rows is not None:
             self.history_after = [*rows, *self._rows]
@@ -347,6 +382,10 @@ class TurnRunner:
             return ended
         if step.uncertain:
             await self._append([closed(c, UNCERTAIN, uncertain=True) for c in step.uncertain])
+        self._stage([e for block, why, policy in step.refused for e in refusal(block, why, policy)])
+        if step.ask or step.waiting:
+            await self._ask(step.ask)
+            raise Parked([a for a in self.state.approvals if a.granted is None])
         if step.start:
             announce = [
                 ToolCall(slug=spec.name, call_id=block["id"], mutating=spec.mutating,
@@ -387,6 +426,22 @@ class TurnRunner:
             ])  # fmt: skip
         return None
 
+    async def _ask(self, calls: list[tuple[dict[str, Any], ToolSpec]]) -> None:
+        """Ask for a person's approval of each call (durable before the turn waits): the whole
+        step waits, so none of its calls runs before every one that needs approval is answered."""
+        if not calls:
+            return
+        expires = datetime.now(UTC) + timedelta(seconds=self.agent.limits.approval_timeout_s)
+        await self._append([
+            ApprovalRequested(
+                approval_id=ids.approval_id(self.turn_id, block["id"]), slug=spec.name,
+                call_id=block["id"], mutating=spec.mutating,
+                reason=f"the agent's policy asks for approval before {spec.name} runs",
+                expires_at=expires.isoformat(),
+            )
+            for block, spec in calls
+        ])  # fmt: skip
+
     def _tool_context(self, call_id: str) -> ToolCallContext:
         return ToolCallContext(self.agent.id, self.session_key, self.turn_id, call_id, self._notes)
 
@@ -414,6 +469,11 @@ class TurnRunner:
         for call in state.open_calls:
             events.append(closed(call, _CANCELLED))
             state = apply(state, events[-1], version=state.version + 1)
+        # Approvals still waiting are closed with the turn (a stop while it waited): the log has
+        # an answer for every request, and nobody is asked about a turn that is over.
+        events.extend(ApprovalResolved(approval_id=a.approval_id, slug=a.slug, granted=False,
+                                       by=f"turn {end.reason}")
+                      for a in state.approvals if a.granted is None)  # fmt: skip
         events.extend(not_run(b, "not run: the turn ended first")
                       for b in unanswered_tool_uses(state))  # fmt: skip
         duration = int((datetime.now(UTC) - self._started_at).total_seconds() * 1000)

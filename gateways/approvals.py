@@ -1,0 +1,77 @@
+"""``/v1/agents/{agent}/approvals``: tool calls waiting for a person, and the answers.
+
+A tool whose manifest policy is ``ask`` stops its turn before it runs (``approval.requested``;
+the turn's ``state`` is ``awaiting_approval`` and no thread waits for it). The answer goes to
+the session actor that holds the turn, on whichever node, through NATS; the turn then runs on,
+with the call or with a refusal the model reads.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import Response
+
+from actors.messages import Refused
+from gateways import ingress
+from gateways.api import ApiError, agent, decode_body, fetch, nats_of, read_body, refused
+from gateways.errors import json_response
+
+
+class ApprovalInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    approval_id: str
+    agent_id: str
+    session_key: str
+    turn_id: str
+    call_id: str
+    slug: str
+    mutating: bool
+    reason: str
+    requested_at: datetime
+    expires_at: datetime | None = None
+
+
+class ApprovalList(msgspec.Struct, frozen=True):
+    approvals: list[ApprovalInfo]
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    granted: bool | None = None
+
+
+class DecisionAnswer(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    approval_id: str
+    granted: bool
+
+
+async def list_approvals(request: Request) -> Response:
+    target = agent(request)
+    rows = await fetch(request, "approvals", {"agent": target.id})
+    fields = ApprovalInfo.__struct_fields__
+    return json_response(ApprovalList([ApprovalInfo(**dict(zip(fields, r, strict=True)))
+                                       for r in rows]))  # fmt: skip
+
+
+async def decide(request: Request) -> Response:
+    target = agent(request)
+    decision: Decision = decode_body(await read_body(request, 10_000), Decision)
+    if decision.granted is None:
+        raise ApiError(400, "approval_decision_required", "the body says neither yes nor no",
+                       'send {"granted": true} or {"granted": false}', "granted")  # fmt: skip
+    answer = await resolve(request, target.id, request.path_params["approval"],
+                           decision.granted, "api")  # fmt: skip
+    if isinstance(answer, Refused):
+        raise refused(answer)
+    return json_response(answer)
+
+
+async def resolve(
+    conn: HTTPConnection, agent_id: str, approval_id: str, granted: bool, by: str
+) -> DecisionAnswer | Refused:
+    """Answer an approval (the REST route and the WebSocket's ``approve`` frame)."""
+    result = await ingress.resolve_approval(nats_of(conn), agent_id, approval_id, granted, by)
+    if isinstance(result, Refused):
+        return result
+    return DecisionAnswer(approval_id=result.approval_id, granted=result.granted)
