@@ -69,6 +69,8 @@ class ToolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     policy: Literal["allow", "deny", "ask"] = "allow"
     """``ask``: each call waits for a person's approval (POST …/approvals/{id}); ``deny``: the
     model is told the call was refused."""
+    untrusted_output: bool = False
+    """What the tool returns comes from outside (a web page, a mail)."""
 
 
 class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -78,6 +80,7 @@ class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_output_tokens: Positive = 32_000
     max_tool_output_chars: Positive = 16_000
     approval_timeout_s: Seconds = 3600.0
+    untrusted_on_mutate: Literal["ask", "deny", "allow"] = "ask"
 
 
 class SessionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -175,6 +178,7 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
             max_output_tokens=limits.max_output_tokens,
             max_tool_output_chars=limits.max_tool_output_chars,
             approval_timeout_s=limits.approval_timeout_s,
+            untrusted_on_mutate=limits.untrusted_on_mutate,
         ),
         concurrency=manifest.session.concurrency,
         channels=_channels(manifest, env),
@@ -273,7 +277,9 @@ def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
         spec = factory()
         if config.timeout_s is not None:
             spec = dataclasses.replace(spec, timeout_s=config.timeout_s)
-        return dataclasses.replace(spec, policy=config.policy)
+        return dataclasses.replace(
+            spec, policy=config.policy, untrusted_output=config.untrusted_output
+        )
     if config.input_schema is None:
         raise ManifestError(
             f"agent {manifest.id!r}: tool {config.name!r} has a module but no input_schema",
@@ -288,4 +294,6 @@ def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
         config.mutating,
         config.timeout_s,
     )
-    return dataclasses.replace(custom, policy=config.policy)
+    return dataclasses.replace(
+        custom, policy=config.policy, untrusted_output=config.untrusted_output
+    )

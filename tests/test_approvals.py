@@ -14,8 +14,12 @@ import pytest
 import websockets
 
 from eventstore.catalogue import ApprovalResolved, ToolGated, ToolResult
+from tests import fakes
 from tests.conftest import ApiFactory, ApiServer
+from tests.fakes import FakeAnthropic, Reply, ToolUse
 from tests.turns import send, wait_end
+
+fake_anthropic = fakes.fake_anthropic
 
 CAREFUL = """
 id: careful
@@ -183,3 +187,69 @@ async def test_stopping_a_waiting_turn_ends_it_without_running_the_call(
 async def pending_count(api: ApiServer) -> int:
     async with httpx.AsyncClient(base_url=api.url) as client:
         return len((await client.get("/v1/agents/careful/approvals")).json()["approvals"])
+
+
+READER = """
+id: reader
+model:
+  provider: anthropic
+  id: claude-sonnet-5
+  base_url: {url}
+  api_key_env: DISPACH_TEST_ANTHROPIC_KEY
+tools:
+  - name: fetch
+    module: tests.fixtures_tools:fetch_page
+    description: Fetches a page.
+    untrusted_output: true
+    input_schema: {{type: object, properties: {{url: {{type: string}}}}}}
+  - name: record
+    module: tests.fixtures_tools:record_and_wait
+    description: Records that it ran.
+    mutating: true
+    input_schema: {{type: object, properties: {{path: {{type: string}}}}, required: [path]}}
+limits: {{untrusted_on_mutate: {on_mutate}}}
+"""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("on_mutate", ["ask", "deny"])
+async def test_after_untrusted_content_a_mutating_call_needs_approval(
+    api_factory: ApiFactory,
+    tmp_path: Path,
+    fake_anthropic: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    on_mutate: str,
+) -> None:
+    monkeypatch.setenv("DISPACH_TEST_ANTHROPIC_KEY", "test-key")
+    ran = tmp_path / "ran.txt"
+    fake_anthropic.script(
+        Reply(tool_uses=[ToolUse("fetch", {"url": "https://example.com"}, id="toolu_fetch")]),
+        Reply(tool_uses=[ToolUse("record", {"path": str(ran)}, id="toolu_record")]),
+        Reply(text="Done."),
+    )
+    api_factory.write_agent("reader", READER.format(url=fake_anthropic.url, on_mutate=on_mutate))
+    api = await api_factory.start()
+    accepted = await send(api.node, "reader", "read the page, then record it")
+    if on_mutate == "ask":
+        async with httpx.AsyncClient(base_url=api.url) as client:
+            for _ in range(200):
+                listed = (await client.get("/v1/agents/reader/approvals")).json()["approvals"]
+                if listed:
+                    break
+                await asyncio.sleep(0.05)
+            (approval,) = listed
+            assert approval["slug"] == "record" and not ran.exists()
+            r = await client.post(f"/v1/agents/reader/approvals/{approval['approvalId']}",
+                                  json={"granted": True})  # fmt: skip
+            assert r.status_code == 200
+    events = await wait_end(api.node, accepted.turn_id)
+    fetched, recorded = results(events)
+    assert fetched.trust == "untrusted" and recorded.slug == "record"
+    gated = [e.data for e in events if isinstance(e.data, ToolGated)]
+    assert [g.policy for g in gated] == ["untrusted"]
+    if on_mutate == "ask":
+        assert recorded.ok and ran.read_text() == "ran\n"
+    else:
+        assert recorded.refused and "untrusted content" in (recorded.output or "")
+        assert not ran.exists()
+    assert events[-1].data.reason == "final"  # type: ignore[union-attr]

@@ -46,6 +46,9 @@ class ToolSpec:
     run: ToolRun
     timeout_s: float | None = None
     """None: the turn's default timeout."""
+    untrusted_output: bool = False
+    """What it returns comes from outside (a fetched page, a mail): once it is in a turn,
+    mutating calls of that turn need approval (see Limits.untrusted_on_mutate)."""
     policy: Literal["allow", "deny", "ask"] = "allow"
     """``deny``: never run (the model is told it was refused); ``ask``: each call waits for a
     person's approval."""

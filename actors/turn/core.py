@@ -7,7 +7,7 @@ how a resumed turn knows which steps are done and which tool calls were left ope
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -38,6 +38,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     max_tool_output_chars: int = 16_000
     approval_timeout_s: float = 3600.0
     """How long a tool call that asks for approval waits before it counts as denied."""
+    untrusted_on_mutate: Literal["ask", "deny", "allow"] = "ask"
+    """What a mutating call whose tool would be allowed gets once untrusted content entered
+    the turn (a prompt injection must not be able to act unasked)."""
 
 
 class Approval(msgspec.Struct, frozen=True):
@@ -80,6 +83,8 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     cache_write_tokens: int = 0
     open_calls: tuple[OpenCall, ...] = ()
     approvals: tuple[Approval, ...] = ()
+    tainted: bool = False
+    """Untrusted content (a tool result marked so) entered this turn."""
     last_finish_reason: str | None = None
     ended: EndReason | None = None
 
@@ -141,6 +146,7 @@ def apply(
                 state,
                 transcript=tuple(messages),
                 open_calls=tuple(c for c in state.open_calls if c.call_id != result.call_id),
+                tainted=state.tainted or result.trust == "untrusted",
             )
         case ToolRepair():
             return replace(state, repairs=state.repairs + 1)

@@ -4,13 +4,14 @@ invalid. Pure: the runner appends and executes what the plan says."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from actors.tools import ToolRegistry, ToolSpec
 from actors.turn.core import Approval, OpenCall, TurnState
 from eventstore.catalogue import ToolGated, ToolRepair, ToolResult
 from eventstore.event import Event
 
+_UNTRUSTED = "untrusted content entered this turn, so {name} (which changes things) needs approval"
 UNCERTAIN = (
     "uncertain: the node stopped while this call was running, so it may or may not have taken "
     "effect; check before repeating it"
@@ -33,9 +34,17 @@ class ToolPlan:
     """Calls whose tool asks for approval and that have not asked yet."""
     waiting: list[Approval] = field(default_factory=list)
     """Approvals asked for and not answered yet: the step waits (parks) until they are."""
+    gated: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    """Calls gated because untrusted content entered the turn: (block, why) for ``tool.gated``
+    when they ask (a refusal carries its own)."""
 
 
-def plan(state: TurnState, pending: list[dict[str, Any]], registry: ToolRegistry) -> ToolPlan:
+def plan(
+    state: TurnState,
+    pending: list[dict[str, Any]],
+    registry: ToolRegistry,
+    untrusted_on_mutate: Literal["ask", "deny", "allow"] = "ask",
+) -> ToolPlan:
     opened = {c.call_id: c for c in state.open_calls}
     asked = {a.call_id: a for a in state.approvals}
     result = ToolPlan()
@@ -53,10 +62,19 @@ def plan(state: TurnState, pending: list[dict[str, Any]], registry: ToolRegistry
             errors = [f"$: the input is not valid JSON ({block['invalid_json']})"]
         if errors or spec is None:
             result.invalid[call_id] = errors
-        elif spec.policy == "deny":
-            result.refused.append((block, f"refused: the agent's policy does not allow {name}",
-                                   "deny"))  # fmt: skip
-        elif spec.policy == "ask":
+            continue
+        policy, why = spec.policy, None
+        if state.tainted and spec.mutating and policy == "allow" and untrusted_on_mutate != "allow":
+            # Untrusted content may not act unasked (a prompt injection in a fetched page).
+            policy, why = untrusted_on_mutate, _UNTRUSTED.format(name=name)
+        if policy == "deny":
+            reason = (
+                f"refused: {why}" if why else f"refused: the agent's policy does not allow {name}"
+            )
+            result.refused.append((block, reason, "untrusted" if why else "deny"))
+        elif policy == "ask":
+            if why and call_id not in asked:
+                result.gated.append((block, why))
             _gate(result, block, spec, asked.get(call_id))
         else:
             result.start.append((block, spec))

@@ -70,6 +70,7 @@ from eventstore.catalogue import (
     ModelRetry,
     Tokens,
     ToolCall,
+    ToolGated,
     ToolResult,
     TurnAttempt,
     TurnEnd,
@@ -372,7 +373,7 @@ class TurnRunner:
     async def _run_tools(self, pending: list[dict[str, Any]]) -> End | None:
         """Validate, announce, run and record the tool calls of the last reply; an End when a
         second round of invalid input ends the turn."""
-        step = plan(self.state, pending, self.agent.tools)
+        step = plan(self.state, pending, self.agent.tools, self.agent.limits.untrusted_on_mutate)
         ended = repair_outcome(self.state, step.invalid)
         if step.invalid:
             await self._append(repair_events(pending, step.invalid, last_chance=ended is None))
@@ -383,6 +384,8 @@ class TurnRunner:
         if step.uncertain:
             await self._append([closed(c, UNCERTAIN, uncertain=True) for c in step.uncertain])
         self._stage([e for block, why, policy in step.refused for e in refusal(block, why, policy)])
+        self._stage([ToolGated(slug=block["name"], call_id=block["id"], reason=why,
+                               policy="untrusted") for block, why in step.gated])  # fmt: skip
         if step.ask or step.waiting:
             await self._ask(step.ask)
             raise Parked([a for a in self.state.approvals if a.granted is None])
@@ -421,7 +424,8 @@ class TurnRunner:
             # uncertain (their tool.call was committed before they ran), as before.
             self._stage([
                 ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
-                           bytes=o.bytes, truncated=o.truncated, output=o.output)
+                           bytes=o.bytes, truncated=o.truncated, output=o.output,
+                           trust="untrusted" if spec.untrusted_output else "trusted")
                 for (spec, _, call_id), o in zip(calls, outcomes, strict=True)
             ])  # fmt: skip
         return None
