@@ -6,6 +6,7 @@ turn and run it next."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections import deque
 from concurrent.futures import Future
@@ -80,6 +81,10 @@ class _Parked:
 def _tell(ref: pykka.ActorRef[Any], message: object) -> None:
     with contextlib.suppress(pykka.ActorDeadError):
         ref.tell(message)
+
+
+def _settled(ref: pykka.ActorRef[Any], message: object, _done: Future[AppendResult]) -> None:
+    _tell(ref, message)
 
 
 @dataclass(frozen=True)
@@ -216,14 +221,9 @@ class SessionActor(LoopActor):
         committed = self._engine.store.submit(
             streams.turn(parked.turn_id), [NewEvent(event=event, metadata=meta)], ANY
         )
-        if not parked.pending:
-            turn_id, me = parked.turn_id, self.actor_ref
-
-            def settled(future: Future[AppendResult]) -> None:
-                with contextlib.suppress(pykka.ActorDeadError):
-                    me.tell(_Unpark(turn_id))
-
-            committed.add_done_callback(settled)
+        if not parked.pending:  # the last answer: the turn runs on once it is stored
+            unpark = _Unpark(parked.turn_id)
+            committed.add_done_callback(functools.partial(_settled, self.actor_ref, unpark))
         return Pending(Resolved(approval_id=resolve.approval_id, granted=resolve.granted),
                        committed)  # fmt: skip
 
