@@ -165,15 +165,9 @@ class Engine:
         if clear.agent_id not in self.agents:
             return Refused(code="agent_not_found", message=f"no agent {clear.agent_id!r}",
                            hint=f"known agents: {', '.join(sorted(self.agents))}")  # fmt: skip
-        ref = self.session(clear.agent_id, clear.session_key)
-        try:
-            result: Pending | Refused = await Portal.ask(ref, clear, _ASK_TIMEOUT)
-            if isinstance(result, Refused):
-                return result
-            await asyncio.wrap_future(result.committed)
-        except StoreError as e:
-            return Refused(code=e.code, message=e.message, hint=e.hint)
-        cleared: Cleared = result.answer
+        cleared: Cleared | Refused = await _once_stored(
+            self.session(clear.agent_id, clear.session_key), clear
+        )
         return cleared
 
     async def stop(self, stop: StopTurn) -> StopResult:
@@ -208,16 +202,10 @@ class Engine:
                 hint="it was answered already, timed out, or never existed; GET "
                 f"/v1/agents/{resolve.agent_id}/approvals lists the open ones",
             )
-        ref = self.session(resolve.agent_id, rows[0][0])
         resolve = msgspec.structs.replace(resolve, turn_id=rows[0][2])
-        try:
-            result: Pending | Refused = await Portal.ask(ref, resolve, _ASK_TIMEOUT)
-            if isinstance(result, Refused):
-                return result
-            await asyncio.wrap_future(result.committed)
-        except StoreError as e:
-            return Refused(code=e.code, message=e.message, hint=e.hint)
-        resolved: Resolved = result.answer
+        resolved: Resolved | Refused = await _once_stored(
+            self.session(resolve.agent_id, rows[0][0]), resolve
+        )
         return resolved
 
     async def drain(self, timeout: float) -> None:
@@ -281,6 +269,19 @@ def _deliver_problem(agent: Agent, deliver: Deliver) -> Refused | None:
         hint = f"name a recipient the {channel.type} channel {channel.id!r} can reach"
         return Refused(code="deliver_invalid", message=problem, hint=hint, field="deliver.to")
     return None
+
+
+async def _once_stored(ref: pykka.ActorRef[Any], command: object) -> Any:
+    """Ask a session actor, and answer once the append it made for the command is stored (its
+    ``Pending``); a refusal, or the store's error, is the answer otherwise."""
+    try:
+        result: Pending | Refused = await Portal.ask(ref, command, _ASK_TIMEOUT)
+        if isinstance(result, Refused):
+            return result
+        await asyncio.wrap_future(result.committed)
+    except StoreError as e:
+        return Refused(code=e.code, message=e.message, hint=e.hint)
+    return result.answer
 
 
 def _not_accepted(e: StoreError) -> Refused:
