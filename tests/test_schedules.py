@@ -650,3 +650,37 @@ async def fired_from_db(
     found = [e.data for e in events if isinstance(e.data, ScheduleFired)]
     assert len(found) >= len(seen)
     return found
+
+
+@pytest.mark.asyncio
+async def test_a_refused_tick_is_skipped_on_the_record_with_the_refusal(
+    api_factory: ApiFactory,
+) -> None:
+    """A tick the session refuses (a shared session still busy, with the `reject` policy) is a
+    `schedule.skipped` with the refusal's code at once, not a `downtime` miss counted later."""
+    api_factory.write_agent(AGENT, f"""
+id: {AGENT}
+model:
+  provider: scripted
+  script:
+    - {{match: "^nap$", tool: nap, input: {{seconds: 60}}}}
+tools:
+  - name: nap
+    module: tests.test_api_http:nap
+    description: Sleeps.
+    input_schema: {{type: object}}
+session: {{concurrency: reject}}
+""")  # fmt: skip
+    api = await api_factory.start()
+    tick = body("busy", kind="every", expr="1s", timezone=..., task="nap", session="shared:nap")
+    r = await call(api, "POST", "/schedules", json=tick)
+    assert r.status_code == 201, r.text
+
+    async def refused() -> list[ScheduleSkipped] | None:
+        got = [s for s in await skipped(api.node, "busy") if s.reason == "session_busy"]
+        return got or None
+
+    (first, *_) = await wait_for(refused, "a tick refused by the busy session")
+    assert first.missed == 1 and first.up_to
+    assert len(await fired(api.node, "busy")) == 1  # the napping turn holds the session
+    assert not [s for s in await skipped(api.node, "busy") if s.reason == "downtime"]

@@ -33,7 +33,15 @@ from actors.bridge import Ask, LoopActor, Portal, answer
 from actors.outbox.channel import Channel, SendResult
 from actors.outbox.metrics import DELIVERIES, DELIVERY_SECONDS, OUTBOX_DEPTH
 from actors.outbox.plan import Item, outbound, settle
-from eventstore import EventStore, Metadata, NewEvent, StoreError, WrongExpectedVersion, streams
+from eventstore import (
+    AppendResult,
+    EventStore,
+    Metadata,
+    NewEvent,
+    StoreError,
+    WrongExpectedVersion,
+    streams,
+)
 from eventstore.catalogue import DeliveryAttempted, DeliveryFailed, DeliveryUncertain
 from eventstore.event import Event
 
@@ -295,7 +303,7 @@ class OutboxActor(LoopActor):
         attempt of another host's node counts as dead once it is older than any send may take
         (a live node records every answer, or a timeout, within ``_SEND_TIMEOUT_S``), so a node
         starting beside a live one never resends that one's items."""
-        flagged = 0
+        flags: list[tuple[Item, str | None, bool, asyncio.Future[AppendResult]]] = []
         for row in await self._store.afetch(_INFLIGHT):
             *fields, node, age = row
             item = Item(**dict(zip(_ITEM_FIELDS, fields, strict=True)))
@@ -311,10 +319,18 @@ class OutboxActor(LoopActor):
                 chunk_total=item.chunk_total, attempts=item.attempts,
                 idempotent_send=channel is not None and channel.idempotent, resend=resend,
             )  # fmt: skip
-            try:
-                await self._append(streams.outbox(item.item_id), meta, flag, item.version)
-            except WrongExpectedVersion:
+            # Submitted together and awaited after: the writer commits them in a few batches.
+            submitted = self._store.submit(
+                streams.outbox(item.item_id), [NewEvent(event=flag, metadata=meta)], item.version
+            )
+            flags.append((item, node, resend, asyncio.wrap_future(submitted)))
+        outcomes = await asyncio.gather(*(f for *_, f in flags), return_exceptions=True)
+        flagged = 0
+        for (item, node, resend, _), outcome in zip(flags, outcomes, strict=True):
+            if isinstance(outcome, WrongExpectedVersion):
                 continue  # its node answered after all, or another node recovered it
+            if isinstance(outcome, BaseException):
+                raise outcome  # the store is away: recovery is tried again
             flagged += 1
             log.warning("delivery_uncertain", item=item.item_id, channel=item.channel_id,
                         node=node, resend=resend)  # fmt: skip

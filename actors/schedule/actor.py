@@ -186,7 +186,11 @@ class SchedulerActor(LoopActor):
         if not isinstance(accepted, Accepted):
             log.warning("schedule_not_accepted", agent=agent_id, schedule=spec.id,
                         code=accepted.code, error=accepted.message)  # fmt: skip
-            return True  # nothing to record; the tick is counted as missed at the next one
+            # On the record with the refusal's code (a busy shared session, a channel gone), not
+            # left for the next tick to count as downtime.
+            refused = ScheduleSkipped(schedule_id=spec.id, kind=spec.kind, reason=accepted.code,
+                                      missed=1, up_to=due.isoformat())  # fmt: skip
+            return await self._append(agent_id, spec.id, refused, version)
         drift = int((now - due).total_seconds() * 1000)
         fired = ScheduleFired(
             schedule_id=spec.id, kind=spec.kind, drift_ms=max(drift, 0),
