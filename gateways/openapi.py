@@ -175,6 +175,13 @@ def _paths() -> dict[str, Any]:
     session = agent + "/sessions/{key}"
     schedule = agent + "/schedules/{schedule}"
     sid = _param("schedule", "path", "Schedule id")
+    replace_schedule = _op(
+        "Replace an API-made schedule (its whole definition)",
+        {"200": _json(_ref(ScheduleResource), "Replaced")},
+        params=[AGENT, sid],
+        body=ScheduleSpec,
+        errors=("400", "401", "404", "409", "503"),
+    )
     idem = _param(
         "Idempotency-Key",
         "header",
@@ -369,20 +376,8 @@ def _paths() -> dict[str, Any]:
                 {"200": _json(_ref(ScheduleResource), "The schedule")},
                 params=[AGENT, sid],
             ),
-            "put": _op(
-                "Replace an API-made schedule",
-                {"200": _json(_ref(ScheduleResource), "Replaced")},
-                params=[AGENT, sid],
-                body=ScheduleSpec,
-                errors=("400", "401", "404", "409", "503"),
-            ),
-            "patch": _op(
-                "Replace an API-made schedule (same as PUT)",
-                {"200": _json(_ref(ScheduleResource), "Replaced")},
-                params=[AGENT, sid],
-                body=ScheduleSpec,
-                errors=("400", "401", "404", "409", "503"),
-            ),
+            "put": replace_schedule,
+            "patch": replace_schedule,  # the same operation: a whole definition either way
             "delete": _op(
                 "Delete an API-made schedule",
                 {"200": _json(_ref(Deleted), "Deleted")},

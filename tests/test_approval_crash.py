@@ -27,28 +27,14 @@ from eventstore.catalogue import (
     TurnAttempt,
     TurnEnd,
 )
-from tests import test_delivery_crash
+from tests import test_approvals, test_delivery_crash
 from tests.test_delivery_crash import Cluster
 
 cluster = test_delivery_crash.cluster  # the fixture: nodes on the test's schema, killed at the end
 pytestmark = pytest.mark.slow
 
 AGENT = "careful"
-MANIFEST = """
-id: careful
-model:
-  provider: scripted
-  script:
-    - {{match: "^record (.+)$", tool: record, input: {{path: "{path}", seconds: 0}}}}
-tools:
-  - name: record
-    module: tests.fixtures_tools:record_and_wait
-    description: Records that it ran.
-    mutating: true
-    policy: ask
-    input_schema: {{type: object, properties: {{path: {{type: string}}}}, required: [path]}}
-limits: {{approval_timeout_s: 600}}
-"""
+MANIFEST = test_approvals.CAREFUL  # the same agent as the in-process approval tests
 
 
 async def approvals(cluster: Cluster) -> list[dict[str, Any]]:
@@ -82,7 +68,7 @@ async def answer(cluster: Cluster, approval_id: str, granted: bool) -> None:
 async def park_then_kill(cluster: Cluster, ran: Path) -> tuple[str, str]:
     """A turn parked on the ``ask`` tool, its node killed by SIGKILL, a new node ready on the
     same schema. Returns the turn id and the approval id (the same on both nodes)."""
-    cluster.write_agent(AGENT, MANIFEST.format(path=ran))
+    cluster.write_agent(AGENT, MANIFEST.format(path=ran, timeout=600))
     first = await cluster.start()
     async with httpx.AsyncClient(base_url=cluster.url) as client:
         r = await client.post(f"/v1/agents/{AGENT}/messages", json={"text": "record it"})

@@ -15,9 +15,9 @@ import httpx
 import msgspec
 import pytest
 
+from actors.outbox import utf16_len
 from eventstore import START, RecordedEvent, streams
 from eventstore.catalogue import Deliver, Sender
-from gateways.channels.telegram import utf16_len
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes.telegram_server import FakeTelegram
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import httpx2
 import structlog
 
-from actors.outbox import Inbound, InboundMessage, Outbound, SendResult
+from actors.outbox import Inbound, InboundMessage, Outbound, SendResult, utf16_len
 from gateways.channels.config import TelegramConfig
 
 log = structlog.get_logger("dispach.telegram")
@@ -250,11 +250,6 @@ class _Redactor(logging.Filter):
 
 def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def utf16_len(text: str) -> int:
-    """Telegram counts a message's length in UTF-16 code units (an emoji is two)."""
-    return len(text.encode("utf-16-le")) // 2
 
 
 def _chat(to: str) -> int | str:
