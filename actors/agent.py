@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
+from actors.context.assemble import Pinned
+from actors.context.compact import Digester
+from actors.context.policy import ContextPolicy
 from actors.model import Model
 from actors.outbox import Channel
 from actors.schedule.plan import ScheduleSpec
@@ -22,8 +25,8 @@ class Agent:
     model: Model
     model_id: str
     max_tokens_per_call: int
-    system: list[dict[str, Any]]
-    """Pinned instruction blocks, already in the model's format (the stable, cacheable prefix)."""
+    pinned: Pinned
+    """Instructions, configuration, reminders and the tool catalogue: the stable prefix."""
     tools: ToolRegistry
     limits: Limits
     concurrency: Concurrency = "queue"
@@ -31,3 +34,6 @@ class Agent:
     """The agent's delivery channels by id (Telegram, webhook)."""
     schedules: tuple[ScheduleSpec, ...] = ()
     """Schedules the manifest declares (reconciled into the log at start)."""
+    context: ContextPolicy = field(default_factory=ContextPolicy)
+    digester: Digester = field(default_factory=Digester)
+    """Writes the digests of compacted turns (with the compactor model, if one is set)."""

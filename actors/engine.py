@@ -16,26 +16,34 @@ import structlog
 from actors import idempotency, ids
 from actors.agent import Agent
 from actors.bridge import Portal
+from actors.context.history import History
+from actors.context.load import load
+from actors.context.replay import replay
+from actors.context.view import session_context
 from actors.host import ActorHost
 from actors.messages import (
     Accepted,
     Cleared,
     ClearSession,
+    ContextStep,
     Refused,
     ResolveApproval,
     Resolved,
     Resume,
+    SessionContext,
     StopResult,
     StopTurn,
     Submit,
+    TurnContext,
 )
-from actors.session import IDLE_FOR, Accepting, Pending, SessionActor
+from actors.session import HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
 from eventstore import EventStore, StoreError, WrongExpectedVersion, streams
 from eventstore.catalogue import Deliver, TurnStart
 
 log = structlog.get_logger("dispach.engine")
 
 _ASK_TIMEOUT = 30.0
+_PEEK_TIMEOUT = 5.0
 _UNFINISHED = b"""SELECT turn_id, agent_id, session_key FROM turns
                   WHERE status = 'running' ORDER BY started_at, turn_id"""
 _TURN = b"SELECT agent_id, session_key, status FROM turns WHERE turn_id = %s"
@@ -208,6 +216,47 @@ class Engine:
         )
         return resolved
 
+    async def context(
+        self, agent_id: str, session_key: str, text: str = "", messages: bool = False
+    ) -> SessionContext | Refused:
+        """The context the session's next turn would assemble for ``text`` (none: no input
+        yet), block by block. Reading it activates no session actor."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return _no_agent(agent_id, self.agents)
+        history = await self._history(agent_id, session_key)
+        return session_context(agent, session_key, history, text, messages)
+
+    async def _history(self, agent_id: str, session_key: str) -> History:
+        """The live actor's copy of the session's history when it holds one, else the history
+        rebuilt from the log's read models (the same entries, view and notes; only the
+        correction ratio, learnt from the provider's reports, is the actor's alone)."""
+        with self._lock:
+            ref = self._sessions.get((agent_id, session_key))
+        if ref is not None:
+            try:
+                held: History | None = await Portal.ask(ref, HISTORY, _PEEK_TIMEOUT)
+            except (pykka.ActorDeadError, TimeoutError):
+                held = None
+            if held is not None:
+                return held
+        return await load(self.store, agent_id, session_key)
+
+    async def turn_context(self, agent_id: str, turn_id: str) -> TurnContext | Refused:
+        """What each model call of a past (or running) turn was sent, rebuilt from the log."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return _no_agent(agent_id, self.agents)
+        steps = await replay(self.store, agent, turn_id)
+        if steps is None:
+            return Refused(code="turn_not_found", message=f"no turn {turn_id!r}",
+                           hint="check the turnId returned by POST .../messages",
+                           field="turnId")  # fmt: skip
+        return TurnContext(turn_id=turn_id, steps=[
+            ContextStep(step=i, system=s["system"], tools=s["tools"], messages=s["messages"])
+            for i, s in enumerate(steps, 1)
+        ])  # fmt: skip
+
     async def drain(self, timeout: float) -> None:
         """Stop every actor (running turns are cancelled without a stop request, so they stay
         unfinished and resume at the next start) and wait for the turns' tasks to unwind."""
@@ -252,6 +301,11 @@ class Engine:
                         if self._sessions.get(key) is ref:
                             del self._sessions[key]
                     ref.stop(block=False)
+
+
+def _no_agent(agent_id: str, agents: dict[str, Agent]) -> Refused:
+    return Refused(code="agent_not_found", message=f"no agent {agent_id!r}",
+                   hint=f"known agents: {', '.join(sorted(agents))}", field="agent")  # fmt: skip
 
 
 def _deliver_problem(agent: Agent, deliver: Deliver) -> Refused | None:

@@ -13,7 +13,7 @@ log = structlog.get_logger("dispach.actors")
 class ActorHost:
     def __init__(self) -> None:
         self._refs: list[pykka.ActorRef[Any]] = []
-        self._prune_at = 1024
+        self._prune_at = 64
         self.stopping = False
 
     def start(
@@ -26,7 +26,7 @@ class ActorHost:
         if len(self._refs) >= self._prune_at:
             # A turn starts an actor: forget the stopped ones, or the list grows by one per turn.
             self._refs = [r for r in self._refs if r.is_alive()]
-            self._prune_at = max(1024, 2 * len(self._refs))
+            self._prune_at = max(64, 2 * len(self._refs))
         return ref
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -123,3 +123,112 @@ class RunSchedule(msgspec.Struct, frozen=True, kw_only=True):
 
     agent_id: str
     schedule_id: str
+
+
+# --- reading a context (GET .../context): plain data the gateway encodes as it is -------------
+
+
+class _View(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    pass
+
+
+class ContextThresholds(_View, frozen=True):
+    """Fractions of the prompt budget at which each compaction stage starts."""
+
+    excerpt: float
+    dedupe: float
+    stub: float
+    digest: float
+    reset: float
+
+
+class ContextBlock(_View, frozen=True):
+    """One block (a slot) of the assembled request, in the order the model reads them: Dispach
+    v1's ``{slot, label, tokens, pinned}``, with the block's text."""
+
+    slot: int
+    label: str
+    """``tools``, the manifest's instruction labels, ``configuration``, ``reminders``,
+    ``notes``, ``last error``, ``digest``, ``history``, and ``input`` when one is given."""
+    pinned: bool
+    """Never compacted."""
+    tokens: int
+    """The local estimate (about 4 bytes of JSON a token), not corrected."""
+    text: str | None = None
+    """The block's text: for every block but the tools and the history."""
+
+
+class Compacted(_View, frozen=True):
+    """How many tool results of the history are shown compacted, by mark."""
+
+    excerpt: int
+    dedupe: int
+    stub: int
+
+
+class HistoryCounts(_View, frozen=True):
+    turns: int
+    """Turns kept verbatim (after the digest, if there is one)."""
+    messages: int
+    """Their stored messages: inputs, assistant messages and tool results."""
+    compacted: Compacted
+
+
+class DigestInfo(_View, frozen=True):
+    """What stands for the compacted turns."""
+
+    source: Literal["model", "mechanical"]
+    turns: int
+    """How many turns it covers in all."""
+    requests: int
+    """How many requests of the person it carries verbatim."""
+    text: str
+
+
+class SessionContext(_View, frozen=True):
+    """The context the next turn of a session would assemble for its first model call, before
+    compaction: a superset of Dispach v1's ``{slots, total, window, reserveOutput}``, with the
+    figures of ``context.pressure``."""
+
+    agent_id: str
+    session_key: str
+    slots: list[ContextBlock]
+    total: int
+    """The slots' tokens, summed (local estimates)."""
+    window: int
+    """The model's context window, in tokens."""
+    reserve_output: int
+    """Tokens kept free for the reply."""
+    budget: int
+    """The prompt budget: the window less the reserve."""
+    tokens: int
+    """``total``, corrected by what the provider reported for this session's model calls."""
+    pressure: float
+    """``tokens / budget``: compaction runs before the call once it reaches a threshold."""
+    source: Literal["corrected", "estimated"]
+    """``corrected`` once the provider has reported prompt sizes for this session (while its
+    actor holds it in memory); ``estimated`` otherwise."""
+    thresholds: ContextThresholds
+    breakpoints: int
+    """Cache breakpoints of the request (without an input, the next turn's adds one on its)."""
+    history: HistoryCounts
+    digest: DigestInfo | None
+    messages: list[dict[str, Any]] | None = None
+    """With ``?messages=true``: the request's messages as the model would get them."""
+    system: list[dict[str, Any]] | None = None
+    """With ``?messages=true``: the request's system blocks as the model would get them."""
+
+
+class ContextStep(_View, frozen=True):
+    """One model call of a turn: what it was sent."""
+
+    step: int
+    """1 for the turn's first model call, and so on."""
+    system: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+
+
+class TurnContext(_View, frozen=True):
+    turn_id: str
+    steps: list[ContextStep]

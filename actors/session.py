@@ -19,6 +19,7 @@ import structlog
 
 from actors import ids
 from actors.bridge import Ask, LoopActor, answer, refuse_pending
+from actors.context.history import History
 from actors.messages import (
     Accepted,
     Cleared,
@@ -33,7 +34,6 @@ from actors.messages import (
     TurnFinished,
 )
 from actors.turn.actor import TurnActor
-from actors.turn.context import HistoryRow
 from actors.turn.core import Approval
 from actors.turn.runner import AWAITING_APPROVAL, TurnRunner
 from eventstore import ANY, NO_STREAM, AppendResult, Metadata, NewEvent, RecordedEvent, streams
@@ -46,6 +46,10 @@ log = structlog.get_logger("dispach.session")
 
 IDLE_FOR = "idle-for"
 """Ask: seconds since the session last did anything (0 while a turn runs or waits)."""
+HISTORY = "history"
+"""Ask: a copy of the history the session's next turn would read, or None when the actor holds
+none (no turn has ended here since it was activated) or a turn runs or waits (the next turn's
+history is not known until it ends). Reading it is not activity: it keeps no session alive."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,9 @@ class SessionActor(LoopActor):
         self._runner: TurnRunner | None = None  # the running turn's runner (read-only here)
         self._parked: _Parked | None = None
         """The turn waiting for approvals, if one is: it holds the session like a running one."""
-        self._history: list[HistoryRow] | None = None
+        self._history: History | None = None
         """The session's history as the next turn reads it, once a turn here has ended (None:
-        the next turn loads it from the messages projection)."""
+        the next turn loads it from the session's snapshot and messages)."""
         self.last_active = time.monotonic()
 
     def on_receive(self, message: Any) -> Any:
@@ -135,6 +139,10 @@ class SessionActor(LoopActor):
         if message == IDLE_FOR:
             busy = self._running is not None or bool(self._queue) or self._parked is not None
             return 0.0 if busy else time.monotonic() - self.last_active
+        if message == HISTORY:
+            held = self._history
+            busy = self._running is not None or self._parked is not None
+            return None if held is None or busy else held.copy()
         self.last_active = time.monotonic()
         match message:
             case Submit() as submit:
@@ -314,7 +322,7 @@ class SessionActor(LoopActor):
             streams.session(self._agent.id, self._session_key),
             [NewEvent(event=SessionCleared(by=clear.by), metadata=meta)],
         )
-        self._history = []
+        self._history = History()
         return Pending(Cleared(session_key=self._session_key), committed)
 
     def _stop_turn(self, stop: StopTurn) -> StopResult | Pending:

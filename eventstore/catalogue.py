@@ -84,27 +84,62 @@ class TurnAttempt(Event, frozen=True):
 
 
 class ContextAssembled(Event, frozen=True):
+    """What one model call reads, block by block (estimated tokens; ``pinned`` blocks are never
+    compacted), with the budget it was assembled against."""
+
     TYPE: ClassVar[str] = "context.assembled"
     slots: list[ContextSlot]
     total: int
+    budget: int = 0
+    """The prompt budget: the model's window less the output reserve."""
+    window: int = 0
+    breakpoints: int = 0
+    """How many ``cache_control`` breakpoints the request carries (at most 4)."""
 
 
 class ContextPressure(Event, frozen=True):
+    """How full the prompt budget is after compaction: ``tokens / budget``. ``source`` says where
+    the figure comes from: ``estimated`` (local), ``corrected`` (local, scaled by what the
+    provider reported for this session's earlier calls) or ``reported`` (counted by the
+    provider's count_tokens for this very request)."""
+
     TYPE: ClassVar[str] = "context.pressure"
     fraction: float
     tokens: int
     budget: int
     source: Literal["reported", "corrected", "estimated"]
     peak: float | None = None
+    """The fraction before compaction ran, when it did."""
 
 
 class CompactionStage(Event, frozen=True):
+    """One rung of the compaction ladder ran before a model call. The stored history is never
+    rewritten: ``ids`` (the observations it excerpted, dropped as superseded or stubbed) and,
+    for ``digest``/``reset``, the digest itself are enough to rebuild the view the model read."""
+
     TYPE: ClassVar[str] = "compaction.stage"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"text", "requests"})
     stage: str
     before: int
     after: int
     changed: bool = True
     digest: Literal["model", "mechanical"] | None = None
+    ids: list[str] = msgspec.field(default_factory=list)
+    """Observation (tool_use) ids the stage marked, oldest first."""
+    through: int | None = None
+    """digest/reset: the log position of the turn.start of the last turn the digest covers."""
+    turns: int = 0
+    """digest/reset: how many turns the digest covers in all."""
+    text: str | None = None
+    requests: list[str] | None = None
+    """digest/reset: the person's requests the digest covers, verbatim."""
+    archived: int = 0
+    """digest/reset: how many of the earliest requests the digest summarises instead of listing
+    (when the list would outgrow its share of the budget)."""
+    kept: dict[str, str] | None = None
+    """digest/reset: the marks still applying to the turns the digest left out."""
+    fallback: str | None = None
+    """Why a configured compactor model was not used (its error), when it was not."""
 
 
 class ModelCall(Event, frozen=True):

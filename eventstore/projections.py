@@ -18,6 +18,7 @@ from eventstore.catalogue import (
     TurnEnd,
     TurnStart,
 )
+from eventstore.context import SessionContextProjection
 from eventstore.envelope import RecordedEvent
 from eventstore.event import Event, UnknownEvent
 from eventstore.outbox import OutboxProjection
@@ -51,8 +52,9 @@ class TurnsProjection:
                 return [
                     (
                         """INSERT INTO turns (turn_id, agent_id, session_key, source, input,
-                                              status, state, started_at, last_position)
-                           VALUES (%s, %s, %s, %s, %s, 'running', 'accepted', %s, %s)
+                                              status, state, started_at, last_position,
+                                              start_position)
+                           VALUES (%s, %s, %s, %s, %s, 'running', 'accepted', %s, %s, %s)
                            ON CONFLICT (turn_id) DO NOTHING""",
                         [
                             turn_id,
@@ -61,6 +63,7 @@ class TurnsProjection:
                             source,
                             text,
                             at,
+                            pos,
                             pos,
                         ],
                     )
@@ -81,6 +84,7 @@ class TurnsProjection:
                                   output_tokens = output_tokens + %s,
                                   cache_read_tokens = cache_read_tokens + %s,
                                   cache_write_tokens = cache_write_tokens + %s,
+                                  calls = calls || %s,
                                   state = 'running', last_position = %s
                             WHERE turn_id = %s AND status = 'running'""",
                         [
@@ -88,6 +92,18 @@ class TurnsProjection:
                             r.output_tokens,
                             r.cache_read_tokens,
                             r.cache_write_tokens,
+                            Jsonb(
+                                [
+                                    {
+                                        "promptTokens": r.prompt_tokens,
+                                        "outputTokens": r.output_tokens,
+                                        "cacheReadTokens": r.cache_read_tokens,
+                                        "cacheWriteTokens": r.cache_write_tokens,
+                                        "latencyMs": r.latency_ms,
+                                        "finishReason": r.finish_reason,
+                                    }
+                                ]
+                            ),
                             pos,
                             turn_id,
                         ],
@@ -253,6 +269,7 @@ INLINE: tuple[Projection, ...] = (
     OutboxProjection(),
     SchedulesProjection(),
     ApprovalsProjection(),
+    SessionContextProjection(),
 )
 # Projections nobody reads right after a write run asynchronously (ProjectionRunner). `sessions`
 # was one, but a runner costs the event loop a read and a checkpoint commit per wake-up, measured

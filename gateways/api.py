@@ -30,6 +30,7 @@ from gateways.schemas import (
     AcceptedBody,
     AgentDetail,
     AgentInfo,
+    CallUsage,
     DeliveryInfo,
     EventsPage,
     MessageBody,
@@ -51,6 +52,9 @@ class Runtime(Protocol):
     feed: Feed | None
     scheduler: Any
     """The scheduler actor's ref (None until the node is ready)."""
+    engine: Any
+    """The node's engine (None until the node is ready): the context routes read through it
+    (see gateways/context.py)."""
 
     def uptime_ms(self) -> int: ...
 
@@ -266,6 +270,7 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     # turn.sql and turns.sql select the columns in the order of TurnResource's fields.
     fields = dict(zip(TurnResource.__struct_fields__, row, strict=True))
     fields["deliveries"] = msgspec.convert(fields["deliveries"], list[DeliveryInfo])
+    fields["calls"] = msgspec.convert(fields["calls"], list[CallUsage])
     return TurnResource(**fields)
 
 

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from gateways import api, approvals, hooks, openapi, schedules, sessions, sse, ws
+from gateways import api, approvals, context, hooks, openapi, schedules, sessions, sse, ws
 from gateways.api import ApiError, Runtime
 from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
@@ -77,11 +77,13 @@ def create_app(
         Route(turn + "/stop", api.stop_turn, methods=["POST"]),
         Route(turn + "/events", api.turn_events, methods=["GET"]),
         Route(turn + "/stream", sse.turn_stream, methods=["GET"]),
+        Route(turn + "/context", context.turn_context, methods=["GET"]),
         Route("/v1/turns/{turn_id}", api.get_turn_any, methods=["GET"]),
         Route(agent + "/sessions", sessions.list_sessions, methods=["GET"]),
         Route(session, sessions.session, methods=["GET", "DELETE"]),
         Route(session + "/messages", sessions.session, methods=["GET", "DELETE"]),
         Route("/v1/events", sse.events_stream, methods=["GET"]),
+        Route(agent + "/context", context.session_context, methods=["GET"]),
         Route(agent + "/approvals", approvals.list_approvals, methods=["GET"]),
         Route(agent + "/approvals/{approval}", approvals.decide, methods=["POST"]),
         Route(agent + "/schedules", schedules.list_schedules, methods=["GET"]),

@@ -8,10 +8,12 @@ from typing import Any
 
 import msgspec
 
+from actors.messages import SessionContext, TurnContext
 from actors.schedule.plan import ScheduleSpec
 from eventstore import WireEvent
 from gateways.api import STATUSES
 from gateways.approvals import ApprovalList, Decision, DecisionAnswer
+from gateways.context import MAX_INPUT
 from gateways.errors import ErrorEnvelope
 from gateways.hooks import Taken
 from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
@@ -33,6 +35,8 @@ from gateways.schemas import (
 )
 
 _TYPES: tuple[Any, ...] = (
+    SessionContext,
+    TurnContext,
     ApprovalList,
     Decision,
     DecisionAnswer,
@@ -73,6 +77,7 @@ _ERRORS = {
 SSE = "text/event-stream"
 CURSOR = "^([A-Za-z0-9_-]{22})?$"
 NO_NUL = "^[^\u0000]*$"
+SESSION_KEY = "^[^/\u0000]+$"
 
 
 def _ref(kind: type[Any]) -> dict[str, str]:
@@ -261,6 +266,50 @@ def _paths() -> dict[str, Any]:
                 params=[AGENT, TURN],
             )
         },
+        turn + "/context": {
+            "get": _op(
+                "What each model call of the turn was sent, rebuilt from the log",
+                {"200": _json(_ref(TurnContext), "One step per model call, in order")},
+                params=[AGENT, TURN],
+                errors=("400", "401", "404", "503"),
+            )
+        },
+        agent + "/context": {
+            "get": _op(
+                "The context the session's next turn would assemble, block by block with tokens",
+                {"200": _json(_ref(SessionContext), "The context (no input yet)")},
+                params=[
+                    AGENT,
+                    _param(
+                        "sessionKey",
+                        "query",
+                        "The session (any key: a session without turns has an empty history)",
+                        {
+                            "type": "string",
+                            "minLength": 1,
+                            "maxLength": MAX_SESSION_KEY,
+                            "pattern": SESSION_KEY,
+                        },
+                        required=True,
+                    ),
+                    _param(
+                        "input",
+                        "query",
+                        "A message to assemble as the next turn's input (none: no input slot)",
+                        {"type": "string", "maxLength": MAX_INPUT, "pattern": NO_NUL},
+                        required=False,
+                    ),
+                    _param(
+                        "messages",
+                        "query",
+                        "`true`: add the request's `messages` and `system` as the model gets them",
+                        {"type": "boolean"},
+                        required=False,
+                    ),
+                ],
+                errors=("400", "401", "404", "503"),
+            )
+        },
         "/v1/turns/{turn_id}": {
             "get": _op(
                 "The turn resource, by id alone",
@@ -432,7 +481,7 @@ def _constrain(components: dict[str, Any]) -> None:
     body = components["MessageBody"]["properties"]
     body["text"].update(minLength=1, maxLength=MAX_TEXT, pattern=NOT_BLANK)
     no_nul = {"pattern": NO_NUL}
-    session = {"minLength": 1, "maxLength": MAX_SESSION_KEY, "pattern": "^[^/\u0000]+$"}
+    session = {"minLength": 1, "maxLength": MAX_SESSION_KEY, "pattern": SESSION_KEY}
     body["sessionKey"].update(session)
     for name in ("Deliver", "Sender"):
         for prop in components[name]["properties"].values():

@@ -60,6 +60,17 @@ class DeliveryInfo(_Body, frozen=True):
     error_code: str | None = None
 
 
+class CallUsage(_Body, frozen=True):
+    """One model call of a turn: what it read (cache reads and writes included) and wrote."""
+
+    prompt_tokens: int
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    latency_ms: int
+    finish_reason: str
+
+
 class TurnResource(_Body, frozen=True):
     """The stored turn: ``status`` is ``running`` until the end, then the end reason."""
 
@@ -85,6 +96,8 @@ class TurnResource(_Body, frozen=True):
     duration_ms: int | None = None
     deliveries: list[DeliveryInfo] = msgspec.field(default_factory=list)
     """Present when the turn's reply was promised to a channel (``deliver``)."""
+    calls: list[CallUsage] = msgspec.field(default_factory=list)
+    """Each model call's usage, in order."""
 
 
 class TurnPage(_Body, frozen=True):

@@ -7,6 +7,7 @@ the box; a manifest with the same id replaces it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 from collections.abc import Mapping
@@ -19,6 +20,9 @@ import structlog
 import yaml
 
 from actors.agent import Agent
+from actors.context.assemble import Block, Pinned
+from actors.context.compact import Digester
+from actors.context.policy import STAGES, ContextPolicy
 from actors.model import Model
 from actors.outbox import Channel
 from actors.schedule.plan import ScheduleSpec, problems
@@ -51,6 +55,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 2
     stall_timeout_s: Seconds = 120.0
     script: list[ScriptRule] | None = None
+    context_window: Positive = 200_000
+    """The model's context window in tokens: no request is sent that would not fit."""
+    reserve_output: Positive | None = None
+    """Tokens of the window kept for the reply (default: max_output_tokens)."""
 
 
 class Instruction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -83,6 +91,32 @@ class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     untrusted_on_mutate: Literal["ask", "deny", "allow"] = "ask"
 
 
+Fraction = Annotated[float, msgspec.Meta(gt=0, lt=1)]
+
+
+class ThresholdsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fractions of the prompt budget (window less output reserve) at which each compaction
+    stage starts; strictly ascending in this order."""
+
+    excerpt: Fraction = 0.60
+    dedupe: Fraction = 0.70
+    stub: Fraction = 0.80
+    digest: Fraction = 0.88
+    reset: Fraction = 0.95
+
+
+class ContextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    thresholds: ThresholdsConfig = ThresholdsConfig()
+    excerpt_over_tokens: Positive = 1000
+    excerpt_keep_tokens: Positive = 300
+    keep_turns: Annotated[int, msgspec.Meta(ge=0, le=100)] = 2
+    compactor: ModelConfig | None = None
+    """The model that writes digests; without one (or when it fails) digests are mechanical."""
+    count_tokens: bool = False
+    requests_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
+    """The share of the prompt budget the verbatim list of earlier requests may take."""
+
+
 class SessionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     concurrency: Literal["queue", "reject", "interrupt"] = "queue"
 
@@ -92,8 +126,11 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     name: str | None = None
     model: ModelConfig = ModelConfig()
     instructions: list[str | Instruction] = msgspec.field(default_factory=list)
+    reminders: list[str] = msgspec.field(default_factory=list)
+    """Rules re-asserted in a pinned block after the instructions and configuration."""
     tools: list[str | ToolConfig] = msgspec.field(default_factory=list)
     limits: LimitsConfig = LimitsConfig()
+    context: ContextConfig = ContextConfig()
     session: SessionConfig = SessionConfig()
     channels: list[ChannelConfig] = msgspec.field(default_factory=list)
     schedules: list[ScheduleSpec] = msgspec.field(default_factory=list)
@@ -154,14 +191,14 @@ def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[
 
 
 def build(manifest: Manifest, env: dict[str, str]) -> Agent:
-    model = _model(manifest, env)
-    blocks = [
-        i if isinstance(i, Instruction) else Instruction(text=i) for i in manifest.instructions
-    ]
-    system: list[dict[str, Any]] = [{"type": "text", "text": b.text} for b in blocks if b.text]
-    if system:
-        # The pinned instructions are the stable prefix: one cache breakpoint after the last.
-        system[-1] = {**system[-1], "cache_control": {"type": "ephemeral"}}
+    model = _model(manifest.id, manifest.model, env, "model")
+    policy = _context_policy(manifest)
+    tools = [_tool(manifest, t) for t in manifest.tools]
+    if tools and "artifact_read" not in {t.name for t in tools}:
+        # Compaction shortens old tool results and names this tool to read them whole.
+        tools.append(BUILTINS["artifact_read"]())
+    registry = ToolRegistry(tools)
+    compactor = manifest.context.compactor
     limits = manifest.limits
     agent = Agent(
         id=manifest.id,
@@ -169,8 +206,8 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
         model=model,
         model_id=manifest.model.id,
         max_tokens_per_call=manifest.model.max_output_tokens,
-        system=system,
-        tools=ToolRegistry(_tool(manifest, t) for t in manifest.tools),
+        pinned=_pinned(manifest, model, registry, policy),
+        tools=registry,
         limits=Limits(
             max_steps=limits.max_steps,
             turn_timeout_s=limits.turn_timeout_s,
@@ -183,6 +220,12 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
         concurrency=manifest.session.concurrency,
         channels=_channels(manifest, env),
         schedules=tuple(manifest.schedules),
+        context=policy,
+        digester=Digester(
+            _model(manifest.id, compactor, env, "context.compactor") if compactor else None,
+            compactor.id if compactor else "",
+            compactor.max_output_tokens if compactor else 1024,
+        ),
     )
     check_schedules(manifest, agent.channels)
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,
@@ -240,8 +283,79 @@ def _channels(manifest: Manifest, env: dict[str, str]) -> dict[str, Channel]:
     return channels
 
 
-def _model(manifest: Manifest, env: dict[str, str]) -> Model:
-    config = manifest.model
+def _context_policy(manifest: Manifest) -> ContextPolicy:
+    config, model = manifest.context, manifest.model
+    thresholds = msgspec.structs.astuple(config.thresholds)
+    if any(b <= a for a, b in itertools.pairwise(thresholds)):
+        named = ", ".join(f"{n} {t:g}" for n, t in zip(STAGES, thresholds, strict=True))
+        raise ManifestError(
+            f"agent {manifest.id!r}: compaction thresholds must rise stage by stage ({named})",
+            "order them excerpt < dedupe < stub < digest < reset, each between 0 and 1",
+            field="context.thresholds",
+        )
+    reserve = model.reserve_output or model.max_output_tokens
+    if reserve >= model.context_window:
+        raise ManifestError(
+            f"agent {manifest.id!r}: the output reserve ({reserve} tokens) leaves no room for a "
+            f"prompt in a context window of {model.context_window}",
+            "raise model.context_window or lower model.reserve_output / max_output_tokens",
+            field="model.reserve_output",
+        )
+    if config.excerpt_keep_tokens >= config.excerpt_over_tokens:
+        raise ManifestError(
+            f"agent {manifest.id!r}: an excerpt ({config.excerpt_keep_tokens} tokens) must be "
+            f"shorter than the results it shortens (over {config.excerpt_over_tokens})",
+            "lower context.excerpt_keep_tokens or raise context.excerpt_over_tokens",
+            field="context.excerpt_keep_tokens",
+        )
+    return ContextPolicy(
+        window=model.context_window, reserve_output=reserve, thresholds=thresholds,
+        excerpt_over=config.excerpt_over_tokens, excerpt_keep=config.excerpt_keep_tokens,
+        keep_turns=config.keep_turns, count_tokens=config.count_tokens,
+        requests_share=config.requests_share,
+    )  # fmt: skip
+
+
+def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry,
+            policy: ContextPolicy) -> Pinned:  # fmt: skip
+    """The agent's pinned blocks, rendered once: the same bytes every turn."""
+    blocks = [
+        Block(i.label, i.text) if isinstance(i, Instruction) else Block("instructions", i)
+        for i in manifest.instructions
+    ]
+    blocks = [b for b in blocks if b.text]
+    blocks.append(Block("configuration", _configuration(manifest, model, tools, policy)))
+    if manifest.reminders:
+        blocks.append(Block("reminders", "\n".join(manifest.reminders)))
+    return Pinned(system=tuple(blocks), tools=tools.definitions())
+
+
+def _configuration(manifest: Manifest, model: Model, tools: ToolRegistry,
+                   policy: ContextPolicy) -> str:  # fmt: skip
+    """A short summary of the agent's own setup, so it can answer questions about itself."""
+    specs = [t for name in tools.names if (t := tools.get(name)) is not None]
+    asks = [t.name for t in specs if t.policy == "ask"]
+    denied = [t.name for t in specs if t.policy == "deny"]
+    limits = manifest.limits
+    lines = [
+        f"About you, as configured: agent {manifest.id!r} ({manifest.name or manifest.id}), "
+        f"model {model.label}, context window {policy.window} tokens.",
+        f"Tools: {', '.join(t.name for t in specs) or 'none'}."
+        + (f" Each call of {', '.join(asks)} waits for a person's approval." if asks else "")
+        + (f" {', '.join(denied)} may not be used." if denied else ""),
+        f"Channels: {', '.join(c.id for c in manifest.channels if c.enabled) or 'none'}.",
+        f"Each turn may take up to {limits.max_steps} steps and {limits.turn_timeout_s:g} s.",
+    ]
+    if specs:
+        lines.append(
+            "Long conversations are compacted automatically: older tool results may be "
+            "shortened (artifact_read returns one whole) and older turns summarised; the "
+            "person's own requests are always kept word for word."
+        )
+    return "\n".join(lines)
+
+
+def _model(agent_id: str, config: ModelConfig, env: dict[str, str], where: str) -> Model:
     key = env.get(config.api_key_env)
     provider = config.provider
     if provider == "auto":
@@ -251,9 +365,9 @@ def _model(manifest: Manifest, env: dict[str, str]) -> Model:
         return ScriptedModel(script) if script is not None else ScriptedModel()
     if not key:
         raise ManifestError(
-            f"agent {manifest.id!r} uses Anthropic but {config.api_key_env} is not set",
-            f"set {config.api_key_env}, or use model.provider: scripted",
-            field="model.provider",
+            f"agent {agent_id!r} uses Anthropic but {config.api_key_env} is not set",
+            f"set {config.api_key_env}, or use {where}.provider: scripted",
+            field=f"{where}.provider",
         )
     return AnthropicModel(
         config.id,

@@ -143,5 +143,5 @@ def test_projections_rebuild_reproduces_the_live_rows(
         sessions = conn.execute("SELECT agent_id, session_key, turns FROM sessions").fetchall()
     assert sessions == [("demo", "api:default", 5)]
     unknown = run(env, "projections", "rebuild", "turnz")
-    known = "known: approvals, messages, outbox, schedules, sessions, turns"
+    known = "known: approvals, messages, outbox, schedules, session_context, sessions, turns"
     assert unknown.returncode == 1 and known in unknown.stderr

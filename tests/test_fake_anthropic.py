@@ -605,6 +605,36 @@ def test_a_short_prefix_is_never_cached(fake_anthropic: FakeAnthropic) -> None:
             assert usage.cache_read_input_tokens == usage.cache_creation_input_tokens == 0
 
 
+def test_a_request_over_the_context_window_is_refused(fake_anthropic: FakeAnthropic) -> None:
+    long: list[MessageParam] = [{"role": "user", "content": "word " * 400}]
+    prompt = estimate_input_tokens({"messages": long})
+    assert prompt > 400
+    fake_anthropic.context_window = prompt + 100
+    fake_anthropic.script(Reply(text="fits"))
+    with sync_client(fake_anthropic) as client:
+        with pytest.raises(anthropic.BadRequestError) as too_long:
+            client.messages.create(model=MODEL, max_tokens=64, messages=long + long)
+        with pytest.raises(anthropic.BadRequestError) as no_room:
+            client.messages.create(model=MODEL, max_tokens=101, messages=long)
+        assert fake_anthropic.pending == 1  # refused before the script was touched
+        message = client.messages.create(model=MODEL, max_tokens=100, messages=long)
+
+    doubled = estimate_input_tokens({"messages": long + long})
+    window = prompt + 100
+    assert too_long.value.status_code == 400 and too_long.value.type == "invalid_request_error"
+    assert too_long.value.api_message == f"prompt is too long: {doubled} tokens > {window} maximum"
+    assert no_room.value.api_message == (
+        f"input length and `max_tokens` exceed context limit: {prompt} + 101 > {window}, "
+        "decrease input length or `max_tokens` and try again"
+    )
+    assert isinstance(message.content[0], TextBlock) and message.content[0].text == "fits"
+    assert message.usage.input_tokens == prompt
+    assert fake_anthropic.largest_prompt == doubled  # refused requests count too
+    assert len(fake_anthropic.message_requests()) == 3  # a 400 is not retried
+    fake_anthropic.reset()
+    assert fake_anthropic.largest_prompt == 0
+
+
 # --- scripting ------------------------------------------------------------------------------
 
 
@@ -643,6 +673,22 @@ def test_reset_forgets_script_log_and_cache(fake_anthropic: FakeAnthropic) -> No
     assert isinstance(message.content[0], TextBlock) and message.content[0].text == "ok"
     assert message.usage.cache_read_input_tokens == 0 and message.usage.cache_creation_input_tokens
     assert len(fake_anthropic.requests) == 1 and fake_anthropic.pending == 0
+
+
+def test_take_requests_empties_the_log_but_keeps_the_cache(fake_anthropic: FakeAnthropic) -> None:
+    fake_anthropic.cache_min_tokens = 1
+    system: Any = [{"type": "text", "text": "cached", "cache_control": {"type": "ephemeral"}}]
+    with sync_client(fake_anthropic) as client:
+        client.messages.count_tokens(model=MODEL, messages=HELLO)
+        client.messages.create(model=MODEL, max_tokens=64, messages=HELLO, system=system)
+        taken = fake_anthropic.take_requests()
+        assert fake_anthropic.requests == []
+        message = client.messages.create(model=MODEL, max_tokens=64, messages=HELLO, system=system)
+
+    assert [r.path for r in taken] == ["/v1/messages/count_tokens", "/v1/messages"]
+    assert message.usage.cache_read_input_tokens
+    assert fake_anthropic.largest_prompt == estimate_input_tokens(taken[1].body)
+    assert len(fake_anthropic.requests) == 1
 
 
 def test_wait_for_requests_blocks_until_they_arrive(fake_anthropic: FakeAnthropic) -> None:

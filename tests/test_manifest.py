@@ -14,8 +14,9 @@ def test_the_default_agent_is_offline_without_a_key_and_says_so() -> None:
     assert set(agents) == {"assistant"}
     assistant = agents["assistant"]
     assert assistant.model.label == "scripted (offline)"
-    assert assistant.tools.names == ["current_time", "calculator", "session_notes"]
-    assert assistant.system[-1]["cache_control"] == {"type": "ephemeral"}
+    assert assistant.tools.names == ["current_time", "calculator", "session_notes", "artifact_read"]
+    assert [b.label for b in assistant.pinned.system] == ["identity", "configuration"]
+    assert "scripted (offline)" in assistant.pinned.system[-1].text
 
 
 def test_the_default_agent_uses_anthropic_when_a_key_is_set() -> None:

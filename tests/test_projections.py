@@ -189,7 +189,8 @@ async def test_two_runners_apply_each_batch_once(
 def test_every_projection_is_inline_or_async_once() -> None:
     names = [p.name for p in (*INLINE, *ASYNC)]
     assert sorted(names) == sorted(set(names)) == ["approvals", "messages", "outbox", "schedules",
-                                                   "sessions", "turns"]  # fmt: skip
+                                                   "session_context", "sessions",
+                                                   "turns"]  # fmt: skip
 
 
 def an_outbox_item(rng: random.Random, n: int) -> list[tuple[str, int, NewEvent]]:

@@ -9,7 +9,7 @@ import copy
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from actors.tools import (
 from actors.tools._calculator import MAX_LENGTH
 from actors.tools.notes import evolve, replay
 from actors.tools.registry import json_path
+from actors.tools.spec import Artifacts
 from eventstore import Event, Metadata, NewEvent, UnknownEvent, streams
 from eventstore.catalogue import ModelChunk, SessionCleared, SessionNote
 from tests import fixtures_tools
@@ -59,9 +60,20 @@ class NoNotes:
         raise AssertionError("this tool must not write notes")
 
 
+class Bodies:
+    """Tool results by id, as a session's log holds them."""
+
+    def __init__(self, bodies: dict[str, str] | None = None) -> None:
+        self.bodies = bodies or {}
+
+    async def read(self, obs_id: str) -> str | None:
+        return self.bodies.get(obs_id)
+
+
 @dataclass(frozen=True)
 class Ctx:
     notes: Notes
+    artifacts: Artifacts = field(default_factory=Bodies)
     agent_id: str = "ag"
     session_key: str = "tg:1"
     turn_id: str = "t_1"
@@ -221,7 +233,10 @@ def test_args_hash_is_stable_and_does_not_carry_the_args() -> None:
 
 def test_the_builtins_have_valid_schemas_that_refuse_bad_input() -> None:
     registry = ToolRegistry([factory() for factory in BUILTINS.values()])
-    assert registry.names == ["current_time", "calculator", "session_notes"]
+    assert registry.names == ["current_time", "calculator", "session_notes", "artifact_read"]
+    assert registry.validate("artifact_read", {"id": "toolu_1", "length": 0}) == [
+        "length: 0 is less than the minimum of 1"
+    ]
     assert registry.validate("calculator", {}) == ["$: 'expression' is a required property"]
     assert registry.validate("calculator", {"expression": "1" * (MAX_LENGTH + 1)}) == [
         f"expression: '{'1' * (MAX_LENGTH + 1)}' is too long"
@@ -591,6 +606,28 @@ def test_a_custom_tool_that_cannot_load(module_path: str, message: str, hint: st
     assert caught.value.code == "tool_load_failed"
     assert message in caught.value.message and "'mine'" in caught.value.message
     assert hint in caught.value.hint
+
+
+# --- artifact_read ----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_artifact_read_pages_through_a_whole_result() -> None:
+    body = "".join(f"line {i}\n" for i in range(3000))  # 28,890 characters
+    ctx = Ctx(NoNotes(), Bodies({"toolu_1": body}))
+    spec = BUILTINS["artifact_read"]()
+    first = await execute(spec, {"id": "toolu_1"}, ctx, timeout_s=5, max_output_chars=20_000)
+    header, page = first.output.split("\n", 1)
+    assert (
+        header == "[toolu_1: characters 0-12000 of 28890; 16890 more: call again with offset 12000]"
+    )
+    assert page == body[:12000]
+    last = await execute(spec, {"id": "toolu_1", "offset": 24000, "length": 12000}, ctx,
+                         timeout_s=5, max_output_chars=20_000)  # fmt: skip
+    header, page = last.output.split("\n", 1)
+    assert header == "[toolu_1: characters 24000-28890 of 28890]" and page == body[24000:]
+    missing = await execute(spec, {"id": "toolu_2"}, ctx, timeout_s=5, max_output_chars=20_000)
+    assert not missing.ok and "no tool result 'toolu_2' in this session" in missing.output
 
 
 # --- session notes -----------------------------------------------------------------------------

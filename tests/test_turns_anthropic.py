@@ -91,9 +91,9 @@ async def test_two_tools_in_one_step_then_an_answer(
     events = await wait_end(node, accepted.turn_id)
     assert squeezed(events) == [
         "turn.start", "turn.attempt",
-        "context.assembled", "model.call", "model.chunk", "model.result",
+        "context.assembled", "context.pressure", "model.call", "model.chunk", "model.result",
         "tool.call", "tool.call", "tool.result", "tool.result",
-        "context.assembled", "model.call", "model.chunk", "model.result",
+        "context.assembled", "context.pressure", "model.call", "model.chunk", "model.result",
         "turn.end",
     ]  # fmt: skip
     end = end_of(events)
@@ -108,7 +108,9 @@ async def test_two_tools_in_one_step_then_an_answer(
     assert results[0]["content"] == "42"
     first = fake_anthropic.message_requests()[0].body
     assert first["system"][-1]["cache_control"] == {"type": "ephemeral"}
-    assert [t["name"] for t in first["tools"]] == ["current_time", "calculator", "session_notes"]
+    assert [t["name"] for t in first["tools"]] == [
+        "current_time", "calculator", "session_notes", "artifact_read"
+    ]
     row = await turn_row(node, accepted.turn_id)
     assert (row["status"], row["steps"], row["text"]) == ("final", 2, end.text)
     assert row["output_tokens"] > 0

@@ -128,8 +128,64 @@ def session_notes() -> ToolSpec:
     )
 
 
+ARTIFACT_PAGE = 12_000
+
+
+def artifact_read() -> ToolSpec:
+    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+        obs_id = args["id"]
+        body = await ctx.artifacts.read(obs_id)
+        if body is None:
+            raise ValueError(
+                f"no tool result {obs_id!r} in this session: use the id a compacted result "
+                'names (artifact_read("..."))'
+            )
+        offset = args.get("offset", 0)
+        page = body[offset : offset + args.get("length", ARTIFACT_PAGE)]
+        end = offset + len(page)
+        more = (f"; {len(body) - end} more: call again with offset {end}"
+                if end < len(body) else "")  # fmt: skip
+        return f"[{obs_id}: characters {offset}-{end} of {len(body)}{more}]\n{page}"
+
+    return ToolSpec(
+        name="artifact_read",
+        description=(
+            "Read the whole of an earlier tool result that compaction shortened, excerpted or "
+            "replaced with a stub: pass the id it names. Long results come in pages: the header "
+            "says where the page ends and how to get the next one."
+        ),
+        input_schema={
+            "type": "object",
+            "properties": {
+                "id": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 200,
+                    "description": "the tool call id named by the compacted result",
+                },
+                "offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "the character to start at (default 0)",
+                },
+                "length": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": ARTIFACT_PAGE,
+                    "description": f"how many characters (default {ARTIFACT_PAGE})",
+                },
+            },
+            "required": ["id"],
+            "additionalProperties": False,
+        },
+        mutating=False,
+        run=run,
+    )
+
+
 BUILTINS: dict[str, Callable[[], ToolSpec]] = {
     "current_time": current_time,
     "calculator": calculator,
     "session_notes": session_notes,
+    "artifact_read": artifact_read,
 }

@@ -55,6 +55,8 @@ class StoreNotes:
         self._stream = streams.session(agent_id, session_key)
         self._turn_id = turn_id
         self._metadata = Metadata(agent_id=agent_id, session_key=session_key, turn_id=turn_id)
+        self.written = False
+        """Whether a note was written through this object (the session's notes changed)."""
 
     async def read(self) -> list[str]:
         notes: tuple[str, ...] = ()
@@ -74,6 +76,7 @@ class StoreNotes:
         await self._write(SessionNote(action="replace", text=text, turn_id=self._turn_id))
 
     async def _write(self, note: SessionNote) -> None:
+        self.written = True
         # ANY: a note does not depend on the session's state, and the session actor (the stream's
         # writer) must not be refused because a tool wrote in between.
         await self._store.aappend(

@@ -30,6 +30,17 @@ class ToolContext(Protocol):
     @property
     def notes(self) -> Notes: ...
 
+    @property
+    def artifacts(self) -> Artifacts: ...
+
+
+class Artifacts(Protocol):
+    """The whole bodies of the session's tool results, which compaction may have shortened."""
+
+    async def read(self, obs_id: str) -> str | None:
+        """The result of tool call ``obs_id`` as stored, or None if the session has none."""
+        ...
+
 
 ToolRun = Callable[[dict[str, Any], ToolContext], str | Awaitable[str]]
 """A tool's body: validated arguments in, the text the model reads out. A plain function runs in a

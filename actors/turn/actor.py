@@ -32,7 +32,8 @@ class TurnActor(LoopActor):
         super().__init__(portal.loop)
         self._running = running
         self._portal = portal
-        self._runner = runner
+        self._runner: TurnRunner | None = runner
+        self._turn_id = runner.turn_id
         self._on_finished = on_finished
         self._future: concurrent.futures.Future[Any] | None = None
         self._task: asyncio.Task[Any] | None = None  # touched on the event loop only
@@ -47,10 +48,12 @@ class TurnActor(LoopActor):
         assert task is not None
         self._task = task
         self._running.add(task)
+        runner = self._runner
+        assert runner is not None
         try:
-            if self._cancel_first and self._runner.stop_requested is None:
+            if self._cancel_first and runner.stop_requested is None:
                 raise asyncio.CancelledError  # drained before it began: resumed at next start
-            return await self._runner.run()
+            return await runner.run()
         finally:
             self._running.discard(task)
 
@@ -67,21 +70,26 @@ class TurnActor(LoopActor):
         if future.cancelled():
             reason = None
         elif (error := future.exception()) is not None:
-            log.error("turn_failed", turn=self._runner.turn_id, exc_info=error)
+            log.error("turn_failed", turn=self._turn_id, exc_info=error)
         else:
             reason = future.result()
         # If the actor is gone the node is draining; the turn is resumed at the next start.
         with contextlib.suppress(pykka.ActorDeadError):
-            self.actor_ref.tell(TurnFinished(self._runner.turn_id, reason))
+            self.actor_ref.tell(TurnFinished(self._turn_id, reason))
 
     def on_receive(self, message: Any) -> Any:
         match message:
             case StopTurn(by=by):
+                if self._runner is None:
+                    return False
                 self._runner.request_stop(by)
                 self._portal.call_soon(self._cancel)
                 return True
             case TurnFinished() as finished:
                 self._on_finished(finished)
+                # The session has what it keeps of the turn; a stopped actor's ref may outlive
+                # it (the host prunes now and then), its runner and history must not.
+                self._runner = None
                 self.stop()
         return None
 

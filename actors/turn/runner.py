@@ -20,6 +20,10 @@ import structlog
 
 from actors import faults, ids
 from actors.agent import Agent
+from actors.context import load as context_load
+from actors.context.assemble import Assembly
+from actors.context.compact import Counter, prepare
+from actors.context.history import Entry, History, entry
 from actors.metrics import (
     MODEL_CALL_SECONDS,
     STEP_SECONDS,
@@ -32,7 +36,6 @@ from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelt
 from actors.outbox import plan as outbox_plan
 from actors.tools import ToolSpec, args_hash, execute_calls
 from actors.tools.notes import StoreNotes
-from actors.turn import context
 from actors.turn.core import (
     Approval,
     End,
@@ -118,12 +121,23 @@ class ToolCallContext:
     """What a tool sees of its turn (the ``ToolContext`` port)."""
 
     def __init__(self, agent_id: str, session_key: str, turn_id: str, call_id: str,
-                 notes: StoreNotes) -> None:  # fmt: skip
+                 notes: StoreNotes, artifacts: StoreArtifacts) -> None:  # fmt: skip
         self.agent_id = agent_id
         self.session_key = session_key
         self.turn_id = turn_id
         self.call_id = call_id
         self.notes = notes
+        self.artifacts = artifacts
+
+
+class StoreArtifacts:
+    """The whole bodies of a session's tool results, read from the log (``artifact_read``)."""
+
+    def __init__(self, store: EventStore, agent_id: str, session_key: str) -> None:
+        self._store, self._agent_id, self._session_key = store, agent_id, session_key
+
+    async def read(self, obs_id: str) -> str | None:
+        return await context_load.artifact(self._store, self._agent_id, self._session_key, obs_id)
 
 
 class TurnRunner:
@@ -135,15 +149,16 @@ class TurnRunner:
         session_key: str,
         node_id: str,
         stored: list[RecordedEvent] | None = None,
-        history: Sequence[context.HistoryRow] | None = None,
+        history: History | None = None,
     ) -> None:
         self._known = stored  # the turn's events when the caller has them (a fresh turn)
-        self._history = history  # the session's earlier rows when its actor holds them
-        self._rows: list[context.HistoryRow] = []  # this turn's own rows
-        self.history_after: list[context.HistoryRow] | None = None
+        self._history = history  # the session's history when its actor holds it (not changed)
+        self._entries: list[Entry] = []  # this turn's own rows
+        self._start = 0  # the log position of the turn's turn.start
+        self.history_after: History | None = None
+        """The session's history once this turn ended (for the session actor to keep)."""
         self.parked: list[Approval] = []
         """The approvals the turn waits for, when :meth:`run` returned AWAITING_APPROVAL."""
-        """The session's history once this turn ended (for the session actor to keep)."""
         self.store = store
         self.agent = agent
         self.turn_id = turn_id
@@ -198,22 +213,22 @@ class TurnRunner:
         if not stored:
             return None
         self._started_at = stored[0].recorded_at
+        self._start = stored[0].position
         self.state = fold(stored)
-        self._rows = [row for e in stored if (row := history_row(e.data)) is not None]
+        self._entries = [self._entry(row) for e in stored if (row := history_row(e.data))]
         self._sent_version = self.state.version
         if self.state.ended is not None:
             return self.state.ended
         if self.stopping():  # stopped before it began
             await self._finish(End("stopped"))
             return "stopped"
-        rows: Sequence[context.HistoryRow] | None = None
+        history: History | None = None
         try:
             self._stage([TurnAttempt(
                 attempt=self.state.attempt + 1, node=self.node_id,
                 resumed_from_step=self.state.steps,
             )])  # fmt: skip
-            rows = await self._earlier_rows()
-            history = context.merge(rows)
+            history = await self._earlier()
             # Time spent waiting for a person's approval is not the turn's to spend.
             elapsed = (datetime.now(UTC) - self._started_at).total_seconds() - _waited(stored)
             budget = max(0.0, self.agent.limits.turn_timeout_s - elapsed)
@@ -249,19 +264,54 @@ class TurnRunner:
             self.parked = parked.waiting
             return AWAITING_APPROVAL
         await self._finish(end)
-        if rows is not None:
-            self.history_after = [*rows, *self._rows]
+        if history is not None:
+            self.history_after = await self._after(history, end)
         return end.reason
 
-    async def _earlier_rows(self) -> Sequence[context.HistoryRow]:
-        """The session's history before this turn: from its actor's memory, else the log."""
+    async def _after(self, history: History, end: End) -> History:
+        """The session's history for its next turn: this turn's rows added, its end noted."""
+        history.entries.extend(self._entries)
+        error = end.error
+        history.last_error = context_load.last_error_line(
+            end.reason, error.code if error else None, error.message if error else None
+        )
+        if self._notes.written:
+            history.notes = tuple(await self._notes.read())
+        return history
+
+    def _counter(self) -> Counter | None:
+        """The provider's token count of a request, when the agent asks for one per call."""
+        agent = self.agent
+        count = getattr(agent.model, "count_tokens", None) if agent.context.count_tokens else None
+        if count is None:
+            return None
+
+        async def counter(assembly: Assembly) -> int | None:
+            request = ModelRequest(model=agent.model_id, system=assembly.system,
+                                   messages=assembly.messages, tools=agent.pinned.tools,
+                                   max_tokens=1)  # fmt: skip
+            try:
+                counted: int = await count(request)
+            except ModelError as e:  # the local estimate serves; the call itself may still work
+                log.warning("count_tokens_failed", turn=self.turn_id, error=e.code)
+                return None
+            return counted
+
+        return counter
+
+    def _entry(self, row: tuple[str, Any]) -> Entry:
+        return entry(self.turn_id, self._start, row[0], row[1])
+
+    async def _earlier(self) -> History:
+        """The session's history before this turn (the turn's own copy: compaction changes it
+        as the turn goes): from its actor's memory, else the log."""
         if self._history is not None:
-            return self._history
-        return await context.load_history(self.store, self.agent.id, self.session_key, self.turn_id)
+            return self._history.copy()
+        return await context_load.load(self.store, self.agent.id, self.session_key, self._start)
 
     # --- the loop ------------------------------------------------------------------------------
 
-    async def _loop(self, history: list[dict[str, Any]]) -> End:
+    async def _loop(self, history: History) -> End:
         limits = self.agent.limits
         step = StepClock(STEP_SECONDS.labels(agent=self.agent.id))
         while True:
@@ -289,24 +339,34 @@ class TurnRunner:
                 return decided
             assert isinstance(decided, RunTools)
 
-    async def _call_model(self, history: list[dict[str, Any]]) -> Completed:
-        agent, state = self.agent, self.state
-        tools = agent.tools.definitions()
-        messages = context.conversation(history, state.input, state.transcript)
+    async def _call_model(self, history: History) -> Completed:
+        agent, state, policy = self.agent, self.state, self.agent.context
+        prepared = await prepare(agent.pinned, history, state.input, state.transcript, policy,
+                                 agent.digester, self._counter())  # fmt: skip
+        assembly = prepared.assembly
+        self._step_id = ids.step_id()
+        *stages, pressure = prepared.events
+        assembled = ContextAssembled(slots=assembly.slots, total=assembly.total,
+                                     budget=policy.budget, window=policy.window,
+                                     breakpoints=assembly.breakpoints)  # fmt: skip
+        self._send([*stages, assembled, pressure])
+        if prepared.over:  # on the record (what would not fit, and why), never sent
+            raise ModelError(
+                "context_over_budget",
+                f"the request needs about {prepared.tokens} tokens, over the prompt budget of "
+                f"{policy.budget} even after every compaction stage",
+                "clear the session, raise model.context_window, or lower "
+                "limits.max_tool_output_chars so one turn's tool results fit",
+            )  # fmt: skip
+        self._send([ModelCall(role="main", model=agent.model_id, prompt_tokens=prepared.tokens)])
         request = ModelRequest(
             model=agent.model_id,
-            system=agent.system,
-            messages=messages,
-            tools=tools,
-            max_tokens=remaining_output(state, agent.limits, agent.max_tokens_per_call),
-        )
-        slots = context.slots(agent.system, tools, history, state.input, state.transcript)
-        self._step_id = ids.step_id()
-        total = sum(s.tokens for s in slots)
-        self._send([
-            ContextAssembled(slots=slots, total=total),
-            ModelCall(role="main", model=agent.model_id, prompt_tokens=total),
-        ])  # fmt: skip
+            system=assembly.system,
+            messages=assembly.messages,
+            tools=agent.pinned.tools,
+            max_tokens=max(1, min(remaining_output(state, agent.limits, agent.max_tokens_per_call),
+                                  policy.window - prepared.tokens)),
+        )  # fmt: skip
         self._partial, self._unflushed = [], []
         self._in_model_call = True
         started = time.monotonic()
@@ -343,6 +403,8 @@ class TurnRunner:
         latency = time.monotonic() - started
         MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(latency)
         usage = completed.usage
+        if usage.prompt_tokens:
+            history.calibrate(assembly.total, usage.prompt_tokens)
         text = "".join(b.get("text", "") for b in completed.content if b.get("type") == "text")
         rest = "".join(self._unflushed)
         self._unflushed = []
@@ -447,7 +509,14 @@ class TurnRunner:
         ])  # fmt: skip
 
     def _tool_context(self, call_id: str) -> ToolCallContext:
-        return ToolCallContext(self.agent.id, self.session_key, self.turn_id, call_id, self._notes)
+        return ToolCallContext(
+            self.agent.id,
+            self.session_key,
+            self.turn_id,
+            call_id,
+            self._notes,
+            StoreArtifacts(self.store, self.agent.id, self.session_key),
+        )
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -526,7 +595,7 @@ class TurnRunner:
             self._staged.append((event, self._step_id))
             row = history_row(event)
             if row is not None:
-                self._rows.append(row)
+                self._entries.append(self._entry(row))
 
     def _send(self, events: Sequence[Event] = ()) -> None:
         """Submit the staged events and ``events`` as one append without waiting for it.

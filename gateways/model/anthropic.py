@@ -54,6 +54,25 @@ class AnthropicModel:
     async def aclose(self) -> None:
         await self._client.close()
 
+    async def count_tokens(self, request: ModelRequest) -> int:
+        """The provider's count of the request's prompt tokens (``/v1/messages/count_tokens``)."""
+        try:
+            counted = await self._client.messages.count_tokens(
+                model=request.model,
+                system=request.system or anthropic.omit,  # type: ignore[arg-type]
+                messages=request.messages,  # type: ignore[arg-type]
+                tools=request.tools or anthropic.omit,  # type: ignore[arg-type]
+            )
+        except anthropic.APIStatusError as e:
+            raise _fatal(e) from e
+        except anthropic.APIConnectionError as e:
+            raise ModelError(
+                "model_unreachable",
+                f"cannot reach the model API: {e}",
+                "check the network and the model provider's status",
+            ) from e
+        return int(counted.input_tokens)
+
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         attempt = 0
         while True:

@@ -5,7 +5,8 @@ SELECT turn_id, agent_id, session_key, status, state, source, input, text, steps
        prompt_tokens, output_tokens, cache_read_tokens, cache_write_tokens, started_at,
        error_code, error_message, error_hint, ended_at, duration_ms,
        coalesce((SELECT d.deliveries FROM turn_deliveries d WHERE d.turn_id = t.turn_id),
-                '[]'::json) AS deliveries
+                '[]'::json) AS deliveries,
+       calls
   FROM turns t
  WHERE agent_id = %(agent_id)s
    AND (%(session_key)s::text IS NULL OR session_key = %(session_key)s::text)

@@ -14,6 +14,10 @@ answered with a 400 (or 401/404) leaves the script untouched.
 Token counts are estimates: ``estimate_input_tokens(body)`` is the length of the canonical JSON
 of the prompt (tools, system, messages) divided by four, the same figure for
 ``count_tokens`` and for ``usage``. Prompt caching is emulated on the same canonical text.
+
+``context_window`` (None: unlimited) models the model's window: a ``/v1/messages`` request whose
+estimate plus ``max_tokens`` does not fit is refused with the real API's 400 before any item is
+consumed; ``largest_prompt`` is the biggest estimate seen, so a test can assert the margin left.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ __all__ = [
     "StreamFault",
     "ToolUse",
     "estimate_input_tokens",
+    "without_cache_control",
 ]
 
 MESSAGES_PATH = "/v1/messages"
@@ -214,11 +219,13 @@ def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _without_cache_control(value: Any) -> Any:
+def without_cache_control(value: Any) -> Any:
+    """``value`` (a request body, or a part of one) with every ``cache_control`` marker taken
+    out: what the cache compares, where the markers sit being no part of a prefix's bytes."""
     if isinstance(value, dict):
-        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+        return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):
-        return [_without_cache_control(v) for v in value]
+        return [without_cache_control(v) for v in value]
     return value
 
 
@@ -265,7 +272,7 @@ class _Prompt:
         def add(segment: list[Any], block: Any) -> None:
             nonlocal count
             found = _markers_in(block)
-            segments.append(_canonical([*segment, _without_cache_control(block)]))
+            segments.append(_canonical([*segment, without_cache_control(block)]))
             if found:
                 count += len(found)
                 markers.append((len(segments) - 1, str(found[-1].get("ttl", "5m"))))
@@ -349,6 +356,19 @@ def _tool_pairing_error(messages: list[Any]) -> str | None:
                     f"`tool_result` blocks: {block.get('tool_use_id')}. Each `tool_result` block "
                     "must have a corresponding `tool_use` block in the previous message."
                 )
+    return None
+
+
+def _window_error(prompt: int, max_tokens: int, window: int) -> str | None:
+    """The real API's 400 for a request that does not fit the model's context window: the
+    prompt alone, or the prompt with room for ``max_tokens`` of output."""
+    if prompt > window:
+        return f"prompt is too long: {prompt} tokens > {window} maximum"
+    if prompt + max_tokens > window:
+        return (
+            f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} > "
+            f"{window}, decrease input length or `max_tokens` and try again"
+        )
     return None
 
 
@@ -610,9 +630,13 @@ class FakeAnthropic(LocalServer):
         self.default: Item = Reply(text="ok")
         self.responder: Responder | None = None
         self.cache_min_tokens = 1024
+        self.context_window: int | None = None
+        """The model's window in tokens (None: unlimited): a request whose prompt estimate plus
+        ``max_tokens`` exceeds it is refused with a 400, as the real API does."""
         self._script: deque[Item] = deque()
         self._requests: list[Recorded] = []
         self._cache: set[str] = set()
+        self._largest_prompt = 0
 
     # scripting ------------------------------------------------------------------------------
 
@@ -631,11 +655,12 @@ class FakeAnthropic(LocalServer):
             return len(self._script)
 
     def reset(self) -> None:
-        """Forget the script, the request log and the prompt cache."""
+        """Forget the script, the request log, the prompt cache and the largest prompt."""
         with self._lock:
             self._script.clear()
             self._requests.clear()
             self._cache.clear()
+            self._largest_prompt = 0
 
     # the request log ------------------------------------------------------------------------
 
@@ -644,6 +669,21 @@ class FakeAnthropic(LocalServer):
         """Every request received so far, in arrival order (a copy)."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def largest_prompt(self) -> int:
+        """The largest prompt estimate (``estimate_input_tokens``) of any well-formed
+        ``POST /v1/messages`` so far, refused ones included (0 before the first)."""
+        with self._lock:
+            return self._largest_prompt
+
+    def take_requests(self) -> list[Recorded]:
+        """Every request received so far, leaving the log empty (the script, the prompt cache
+        and ``largest_prompt`` stay): a long test keeps what it needs of each request, not the
+        whole parsed log."""
+        with self._lock:
+            taken, self._requests = self._requests, []
+            return taken
 
     def message_requests(self) -> list[Recorded]:
         """The ``POST /v1/messages`` requests only."""
@@ -748,8 +788,16 @@ class FakeAnthropic(LocalServer):
         problem = _validation_error(body, needs_max_tokens=path == MESSAGES_PATH)
         if problem is not None:
             return _invalid(problem, request_id)
+        prompt = estimate_input_tokens(body)
         if path == COUNT_TOKENS_PATH:
-            return _JsonAnswer(200, json.dumps({"input_tokens": estimate_input_tokens(body)}))
+            return _JsonAnswer(200, json.dumps({"input_tokens": prompt}))
+        with self._lock:
+            self._largest_prompt = max(self._largest_prompt, prompt)
+            window = self.context_window
+        if window is not None:
+            problem = _window_error(prompt, int(body["max_tokens"]), window)
+            if problem is not None:
+                return _invalid(problem, request_id)
 
         item = self._next_item(body)
         if isinstance(item, HttpError):

@@ -1,0 +1,189 @@
+"""Assembling one model call: ordered blocks, each costed in tokens.
+
+The order is fixed, and everything that does not change between turns comes first, so the
+provider can cache the prefix::
+
+    tools                    pinned   the catalogue (sent as JSON Schema)
+    system: instructions     pinned   one block per manifest instruction (identity, rules, ...)
+    system: configuration    pinned   the agent's own setup, rendered once at load
+    system: reminders        pinned   re-asserted rules              <- cache breakpoint 1
+    system: notes                     the session's notes, as they were when the turn began
+    system: last error       pinned   how the previous turn ended, when it ended badly
+    messages: digest                  what stands for the compacted turns, + every request
+    messages: history                 the turns since the digest (marks applied)
+                                                                     <- cache breakpoint 2
+    messages: input          pinned   the person's message
+    messages: this turn               the turn's own steps so far    <- cache breakpoint 3
+
+Pinned blocks are never compacted; only digest and history are. The person's own requests are
+never dropped either: the digest carries every one it covers, verbatim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from actors.context.history import History, estimate, marked, text_tokens
+from eventstore.catalogue import ContextSlot
+
+_BREAKPOINT = {"type": "ephemeral"}
+DIGEST_HEADER = (
+    "[Summary of the {turns} earlier turns of this conversation, compacted to fit the context "
+    "window]"
+)
+REQUESTS_HEADER = (
+    "Earlier requests of the person, verbatim (what happened in response is summarised above):"
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    label: str
+    text: str
+    pinned: bool = True
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """An agent's pinned blocks, rendered once when it is loaded (byte-stable across turns)."""
+
+    system: tuple[Block, ...]
+    """Instructions, configuration and reminders, in that order."""
+    tools: list[dict[str, Any]]
+    _tokens: tuple[int, ...] = field(init=False, repr=False)
+    _tools_tokens: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_tokens", tuple(text_tokens(b.text) for b in self.system))
+        object.__setattr__(self, "_tools_tokens", estimate(self.tools) if self.tools else 0)
+
+
+class Assembly(msgspec.Struct, frozen=True, kw_only=True):
+    system: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    slots: list[ContextSlot]
+    total: int
+    """The local estimate of the whole prompt (tools, system, messages)."""
+    compactable: int
+    """The part of ``total`` that compaction can shrink: digest and history."""
+    breakpoints: int
+
+
+def digest_text(history: History) -> str | None:
+    digest = history.view.digest
+    if digest is None:
+        return None
+    parts = [DIGEST_HEADER.format(turns=digest.turns), digest.text]
+    if digest.requests or digest.archived:
+        first = digest.archived + 1
+        lines = [f"{i}. {r}" for i, r in enumerate(digest.requests, first)]
+        if digest.archived:
+            lines.insert(0, f"(requests 1-{digest.archived} are summarised above, not listed)")
+        parts.append(REQUESTS_HEADER + "\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def history_messages(history: History, keep_tokens: int) -> tuple[list[dict[str, Any]], int, int]:
+    """The digest and the entries as messages, with the digest's and the entries' tokens.
+    Memoised on the history: every step of a turn reads the same history unless a stage ran."""
+    memo = history._memo
+    key = (len(history.entries), history.view, keep_tokens)
+    if memo is not None and memo[:1] == key[:1] and memo[1] is key[1] and memo[2] == key[2]:
+        cached: tuple[list[dict[str, Any]], int, int] = memo[3]
+        return cached
+    messages: list[dict[str, Any]] = []
+    digest_tokens = tokens = 0
+    text = digest_text(history)
+    if text is not None:
+        messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+        digest_tokens = text_tokens(text)
+    marks = history.view.marks
+    for item in history.entries:
+        mark = marks.get(item.obs_id) if item.role == "tool" else None  # type: ignore[arg-type]
+        content = marked(item, mark, keep_tokens)
+        tokens += item.tokens if content is item.content or mark is None else estimate(content)
+        _append(messages, "assistant" if item.role == "assistant" else "user",
+                content if isinstance(content, list) else [content])  # fmt: skip
+    history._memo = (*key, (messages, digest_tokens, tokens))
+    return messages, digest_tokens, tokens
+
+
+def _append(messages: list[dict[str, Any]], role: str, blocks: Iterable[Any]) -> None:
+    """Add blocks as a message, merging with the previous one when it has the same role (the API
+    would merge them too; merging here keeps tool results first in a user message). Messages
+    already in the list are replaced, never changed in place (they may be memoised)."""
+    if messages and messages[-1]["role"] == role:
+        messages[-1] = {"role": role, "content": [*messages[-1]["content"], *blocks]}
+    else:
+        messages.append({"role": role, "content": list(blocks)})
+
+
+def assemble(
+    pinned: Pinned,
+    history: History,
+    text: str,
+    transcript: Sequence[dict[str, Any]],
+    keep_tokens: int = 300,
+) -> Assembly:
+    """The request for one model call: ``text`` is the person's input, ``transcript`` the
+    turn's own messages after it."""
+    slots: list[ContextSlot] = []
+
+    def slot(label: str, tokens: int, pinned_: bool) -> None:
+        slots.append(ContextSlot(slot=len(slots), label=label, tokens=tokens, pinned=pinned_))
+
+    slot("tools", pinned._tools_tokens, True)
+    system: list[dict[str, Any]] = [{"type": "text", "text": b.text} for b in pinned.system]
+    for block, tokens in zip(pinned.system, pinned._tokens, strict=True):
+        slot(block.label, tokens, True)
+    stable = len(system)
+    if history.notes:
+        notes = "Your notes for this session (session_notes):\n" + "\n".join(
+            f"{i}. {n}" for i, n in enumerate(history.notes, 1)
+        )
+        system.append({"type": "text", "text": notes})
+        slot("notes", text_tokens(notes), False)
+    if history.last_error:
+        system.append({"type": "text", "text": history.last_error})
+        slot("last error", text_tokens(history.last_error), True)
+    breakpoints = 0
+    if stable:
+        system[stable - 1] = {**system[stable - 1], "cache_control": _BREAKPOINT}
+        breakpoints += 1
+
+    earlier, digest_tokens, history_tokens = history_messages(history, keep_tokens)
+    if history.view.digest is not None:
+        slot("digest", digest_tokens, False)
+    slot("history", history_tokens, False)
+    messages = list(earlier)
+    if messages and _mark_last(messages):
+        breakpoints += 1
+    _append(messages, "user", [{"type": "text", "text": text}])
+    slot("input", text_tokens(text), True)
+    turn_tokens = 0
+    for message in transcript:
+        _append(messages, message["role"], message["content"])
+        turn_tokens += estimate(message["content"])
+    if transcript:
+        slot("this turn", turn_tokens, False)
+    if _mark_last(messages):
+        breakpoints += 1
+    total = sum(s.tokens for s in slots)
+    return Assembly(system=system, messages=messages, slots=slots, total=total,
+                    compactable=digest_tokens + history_tokens,
+                    breakpoints=breakpoints)  # fmt: skip
+
+
+def _mark_last(messages: list[dict[str, Any]]) -> bool:
+    """Put a cache breakpoint on the last block of the last message (a copy of it)."""
+    last = messages[-1]
+    content = list(last["content"])
+    if not content or not isinstance(content[-1], dict):
+        return False
+    content[-1] = {**content[-1], "cache_control": _BREAKPOINT}
+    messages[-1] = {"role": last["role"], "content": content}
+    return True

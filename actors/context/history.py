@@ -1,0 +1,166 @@
+"""A session's history as context assembly reads it.
+
+The log keeps every message; what the model reads is a *view* of it: the newest digest (if one
+was written) standing for every turn it covers, then the entries after it, some of whose tool
+observations are marked (excerpted, superseded or stubbed). Marks are sticky: once an
+observation is stubbed it stays stubbed, so the prompt prefix stays byte-identical from turn to
+turn until the next compaction (which is what prompt caching needs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import msgspec
+
+Role = Literal["user", "assistant", "tool"]
+Mark = Literal["excerpt", "dedupe", "stub"]
+_ENCODE = msgspec.json.Encoder().encode
+BYTES_PER_TOKEN = 4
+
+
+def estimate(value: object) -> int:
+    """A local token estimate (about 4 bytes of JSON per token); the provider's reported figure
+    corrects it (see :class:`History.ratio`)."""
+    return max(1, len(_ENCODE(value)) // BYTES_PER_TOKEN)
+
+
+def text_tokens(text: str) -> int:
+    return max(1, len(text.encode()) // BYTES_PER_TOKEN)
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """One stored history row: the person's input, an assistant message, or a tool result."""
+
+    turn_id: str
+    start: int
+    """The log position of its turn's ``turn.start``: turns are ordered by it."""
+    role: Role
+    content: Any
+    """user: one text block; assistant: the list of blocks the model sent; tool: one
+    ``tool_result`` block."""
+    tokens: int
+
+    @property
+    def obs_id(self) -> str | None:
+        return self.content.get("tool_use_id") if self.role == "tool" else None
+
+
+def entry(turn_id: str, start: int, role: str, content: Any) -> Entry:
+    role = role if role in ("user", "assistant") else "tool"
+    return Entry(turn_id, start, role, content, estimate(wire(content)))  # type: ignore[arg-type]
+
+
+def slim(item: Entry) -> Entry:
+    """``item`` without the body of its tool result, for one the view shows as a stub or as
+    superseded (never shown again; ``artifact_read`` reads it from the log). Keeps its tokens."""
+    if item.role != "tool" or not item.content.get("content"):
+        return item
+    return msgspec.structs.replace(item, content={**item.content, "content": ""})
+
+
+def wire(content: Any) -> Any:
+    """A stored block (or list of blocks) as the API accepts it: our own annotations (such as
+    ``invalid_json`` on a tool_use whose input did not parse) stay in the log."""
+    if isinstance(content, list):
+        return [wire(block) for block in content]
+    if isinstance(content, dict) and content.get("type") == "tool_use":
+        return {k: content[k] for k in ("type", "id", "name", "input") if k in content}
+    return content
+
+
+class Digest(msgspec.Struct, frozen=True, kw_only=True):
+    """What stands for the turns a digest or reset stage covered."""
+
+    text: str
+    source: Literal["model", "mechanical"]
+    through: int
+    """The ``turn.start`` position of the last turn it covers."""
+    turns: int
+    requests: tuple[str, ...]
+    """The person's requests in the covered turns, verbatim, newest last."""
+    archived: int = 0
+    """How many of the earliest requests are no longer listed (the digest summarises them):
+    only when the list alone would outgrow its share of the budget."""
+
+
+class View(msgspec.Struct, frozen=True, kw_only=True):
+    """The sticky compaction state of a session: its digest and the marks after it."""
+
+    digest: Digest | None = None
+    marks: dict[str, Mark] = msgspec.field(default_factory=dict)
+
+
+@dataclass
+class History:
+    """What the next turn of a session reads besides its own input: held by the session's actor
+    between turns, rebuilt from the session's snapshot when the actor is activated."""
+
+    entries: list[Entry] = field(default_factory=list)
+    view: View = field(default_factory=View)
+    notes: tuple[str, ...] = ()
+    last_error: str | None = None
+    """One line about the previous turn when it ended badly (shown to the model, pinned)."""
+    ratio: float = 1.0
+    """Reported prompt tokens / local estimate, smoothed over this session's model calls."""
+    calibrated: bool = False
+    _memo: tuple[int, View, int, Any] | None = field(default=None, repr=False)
+
+    def copy(self) -> History:
+        """A copy the caller may change (entries and view are replaced, never changed in place,
+        so the rendered history is shared until one of them is)."""
+        return History(list(self.entries), self.view, self.notes, self.last_error, self.ratio,
+                       self.calibrated, self._memo)  # fmt: skip
+
+    def calibrate(self, estimated: int, reported: int) -> None:
+        """Fold one model call's reported prompt size into the correction ratio (an exponential
+        average; a figure off by more than 2x either way is ignored as an outlier)."""
+        if estimated <= 0 or reported <= 0:
+            return
+        ratio = reported / estimated
+        if not 0.5 <= ratio <= 2.0:
+            return
+        self.ratio = ratio if not self.calibrated else 0.6 * ratio + 0.4 * self.ratio
+        self.calibrated = True
+
+    def corrected(self, tokens: int) -> int:
+        return int(tokens * self.ratio + 0.999)
+
+
+def marked(entry: Entry, mark: Mark | None, keep_tokens: int) -> Any:
+    """The wire form of ``entry`` under ``mark``: a tool result excerpted (head and tail kept),
+    superseded, or stubbed, each pointing at the whole body with ``artifact_read``."""
+    content = wire(entry.content)
+    if mark is None or entry.role != "tool":
+        return content
+    body = content.get("content")
+    text = body if isinstance(body, str) else _ENCODE(body).decode()
+    ref = f'artifact_read("{content["tool_use_id"]}")'
+    match mark:
+        case "excerpt":
+            keep = keep_tokens * BYTES_PER_TOKEN
+            if len(text) <= keep:
+                return content
+            head, tail = text[: keep * 2 // 3], text[len(text) - keep // 3 :]
+            cut = len(text) - len(head) - len(tail)
+            shown = (f"{head}\n[... {cut} characters cut by compaction; the whole result is "
+                     f"readable with {ref} ...]\n{tail}")  # fmt: skip
+        case "dedupe":
+            shown = (f"[superseded: the same call with the same input ran again later; this "
+                     f"older result is readable with {ref}]")  # fmt: skip
+        case _:
+            shown = (f"[compacted tool result of {entry.tokens} tokens; read it in full with "
+                     f"{ref}]")  # fmt: skip
+    return {**content, "content": shown}
+
+
+def after_stage(view: View, stage: str, ids: list[str], digest: Digest | None,
+                kept: dict[str, Mark] | None) -> View:  # fmt: skip
+    """The view after a recorded ``compaction.stage`` (the same fold the live ladder did)."""
+    if stage in ("digest", "reset"):
+        return view if digest is None else View(digest=digest, marks=dict(kept or {}))
+    if not ids:
+        return view
+    mark: Mark = stage  # type: ignore[assignment]
+    return View(digest=view.digest, marks={**view.marks, **dict.fromkeys(ids, mark)})

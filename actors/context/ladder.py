@@ -1,0 +1,181 @@
+"""The compaction ladder's decisions, pure: which rungs run, and what each one marks.
+
+Pressure is the prompt's (corrected) size over the prompt budget. When it crosses a stage's
+threshold, the stages run in order from the first, one at a time, until the prompt is back under
+the threshold of the rung *below* the deepest one crossed (below the first: its threshold less
+:data:`FLOOR_MARGIN`). That gap is the hysteresis: after a compaction the next few turns fit
+without one, and the prefix the provider cached stays valid until the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from actors.context.history import Entry, History, Mark, View, estimate, marked, text_tokens
+from actors.context.policy import FLOOR_MARGIN, ContextPolicy
+from actors.tools import args_hash
+
+_STRENGTH: dict[str | None, int] = {None: 0, "excerpt": 1, "dedupe": 2, "stub": 3}
+
+
+def deepest(fraction: float, thresholds: tuple[float, ...]) -> int | None:
+    """The index of the deepest stage whose threshold ``fraction`` is over, if any."""
+    crossed = [i for i, t in enumerate(thresholds) if fraction > t]
+    return crossed[-1] if crossed else None
+
+
+def target(stage: int, thresholds: tuple[float, ...]) -> float:
+    """Where compaction that reached ``stage`` brings the pressure back to."""
+    return thresholds[stage - 1] if stage > 0 else max(0.0, thresholds[0] - FLOOR_MARGIN)
+
+
+def _observations(history: History) -> Iterator[tuple[Entry, Mark | None]]:
+    marks = history.view.marks
+    for item in history.entries:
+        if item.role == "tool":
+            yield item, marks.get(item.obs_id)  # type: ignore[arg-type]
+
+
+def _shown_tokens(item: Entry, mark: Mark | None, policy: ContextPolicy) -> int:
+    return item.tokens if mark is None else estimate(marked(item, mark, policy.excerpt_keep))
+
+
+def _mark(history: History, policy: ContextPolicy, need: int, mark: Mark,
+          chosen: set[str] | None = None, over: int = 0) -> tuple[View, list[str]]:  # fmt: skip
+    """Mark observations oldest first (only those in ``chosen`` when given, only those bigger
+    than ``over`` tokens) until ``need`` tokens are saved; a mark never weakens."""
+    marks = dict(history.view.marks)
+    ids: list[str] = []
+    saved = 0
+    for item, current in _observations(history):
+        if saved >= need:
+            break
+        obs = item.obs_id
+        assert obs is not None
+        if _STRENGTH[current] >= _STRENGTH[mark] or item.tokens <= over:
+            continue
+        if chosen is not None and obs not in chosen:
+            continue
+        gain = _shown_tokens(item, current, policy) - _shown_tokens(item, mark, policy)
+        if gain <= 0:
+            continue
+        marks[obs] = mark
+        ids.append(obs)
+        saved += gain
+    if not ids:
+        return history.view, []
+    return View(digest=history.view.digest, marks=marks), ids
+
+
+def excerpt(history: History, policy: ContextPolicy, need: int) -> tuple[View, list[str]]:
+    """(a) Oversized tool results: a head and a tail stay, the rest is one pointer."""
+    return _mark(history, policy, need, "excerpt", over=policy.excerpt_over)
+
+
+def superseded(history: History) -> set[str]:
+    """Tool results made stale by a later call of the same tool with the same input."""
+    calls: dict[str, tuple[str, str]] = {}
+    for item in history.entries:
+        if item.role == "assistant":
+            for block in item.content:
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    calls[block["id"]] = (block["name"], args_hash(block.get("input") or {}))
+    latest: dict[tuple[str, str], str] = {}
+    stale: set[str] = set()
+    for item in history.entries:
+        obs = item.obs_id
+        key = calls.get(obs) if obs is not None else None
+        if key is None:
+            continue
+        if key in latest:
+            stale.add(latest[key])
+        latest[key] = obs  # type: ignore[assignment]
+    return stale
+
+
+def dedupe(history: History, policy: ContextPolicy, need: int) -> tuple[View, list[str]]:
+    """(b) Superseded tool results give way to the newest of their kind."""
+    return _mark(history, policy, need, "dedupe", chosen=superseded(history))
+
+
+def stub(history: History, policy: ContextPolicy, need: int) -> tuple[View, list[str]]:
+    """(c) Old tool results become a one-line stub with a pointer."""
+    return _mark(history, policy, need, "stub")
+
+
+def turns(entries: list[Entry]) -> list[int]:
+    """The ``turn.start`` positions of the turns in ``entries``, oldest first."""
+    starts: list[int] = []
+    for item in entries:
+        if not starts or starts[-1] != item.start:
+            starts.append(item.start)
+    return starts
+
+
+def split(entries: list[Entry], keep_turns: int) -> int:
+    """How many of ``entries`` (oldest first) a digest that keeps the newest ``keep_turns``
+    turns verbatim covers (0: nothing to cover)."""
+    starts = turns(entries)
+    if len(starts) <= keep_turns:
+        return 0
+    if keep_turns == 0:
+        return len(entries)
+    first_kept = starts[-keep_turns]
+    return next(i for i, e in enumerate(entries) if e.start >= first_kept)
+
+
+def requests(entries: list[Entry]) -> list[str]:
+    """The person's requests among ``entries``, verbatim."""
+    found = []
+    for item in entries:
+        if item.role == "user" and isinstance(item.content, dict):
+            found.append(str(item.content.get("text", "")))
+    return found
+
+
+def over_share(listed: list[str], share: int) -> int:
+    """How many of the earliest of ``listed`` to leave out so the rest fit in ``share`` tokens
+    (the newest are kept)."""
+    total = sum(text_tokens(r) + 2 for r in listed)
+    cut = 0
+    while cut < len(listed) and total > share:
+        total -= text_tokens(listed[cut]) + 2
+        cut += 1
+    return cut
+
+
+def tools_used(entries: list[Entry]) -> dict[str, list[str]]:
+    """Tool name -> the call ids, in ``entries``."""
+    used: dict[str, list[str]] = {}
+    for item in entries:
+        if item.role == "assistant":
+            for block in item.content:
+                if isinstance(block, dict) and block.get("type") == "tool_use":
+                    used.setdefault(str(block["name"]), []).append(str(block["id"]))
+    return used
+
+
+def render(entries: list[Entry], limit: int = 60_000) -> str:
+    """The covered turns as plain text for a compactor model (tool results cut short)."""
+    lines: list[str] = []
+    for item in entries:
+        content: Any = item.content
+        if item.role == "user":
+            lines.append(f"Person: {content.get('text', '')}")
+        elif item.role == "tool":
+            body = content.get("content")
+            text = body if isinstance(body, str) else str(body)
+            short = text if len(text) <= 600 else f"{text[:400]} [...] {text[-150:]}"
+            lines.append(f"Tool result {content.get('tool_use_id')}: {short}")
+        else:
+            for block in content:
+                if block.get("type") == "text" and block.get("text"):
+                    lines.append(f"Assistant: {block['text']}")
+                elif block.get("type") == "tool_use":
+                    args = str(block.get("input"))
+                    lines.append(f"Assistant calls {block['name']}({args[:300]})")
+    text = "\n".join(lines)
+    if len(text) > limit:
+        text = f"{text[: limit // 3]}\n[...]\n{text[-(limit - limit // 3) :]}"
+    return text

@@ -1,0 +1,69 @@
+"""Rehydrating a session's history from the log's read models: its snapshot (digest and marks),
+the rows after the digest, its notes and how its last turn ended. Reads O(window) rows, never
+the whole history."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import msgspec
+
+from actors.context.history import Digest, History, View, entry, slim
+from actors.tools.notes import StoreNotes
+from eventstore import EventStore
+
+_SQL = resources.files("actors.context").joinpath("sql")
+_ENTRIES = _SQL.joinpath("entries.sql").read_text().encode()
+_SNAPSHOT = _SQL.joinpath("snapshot.sql").read_text().encode()
+_LAST_END = _SQL.joinpath("last_end.sql").read_text().encode()
+_ARTIFACT = _SQL.joinpath("artifact.sql").read_text().encode()
+_JSON = msgspec.json.Decoder(Any)
+_BADLY = {"max_steps", "timeout", "output_limit", "error"}
+_SLIM = {"dedupe", "stub"}
+
+
+async def load(
+    store: EventStore, agent_id: str, session_key: str, before: int | None = None
+) -> History:
+    """The history a turn of the session that started at log position ``before`` reads (None:
+    the next turn's)."""
+    key = {"agent_id": agent_id, "session_key": session_key, "before": before}
+    view = View()
+    for digest_text, marks_text in await store.afetch(_SNAPSHOT, key):
+        digest = msgspec.json.decode(digest_text, type=Digest) if digest_text else None
+        view = View(digest=digest, marks=_JSON.decode(marks_text))
+    after = view.digest.through if view.digest is not None else -1
+    rows = await store.afetch(_ENTRIES, {**key, "after": after})
+    entries = [
+        entry(turn_id, start, role, _JSON.decode(text)) for turn_id, start, role, text in rows
+    ]
+    # The bodies of results shown as stubs are not kept (the view never shows them again).
+    entries = [slim(e) if view.marks.get(e.obs_id or "") in _SLIM else e for e in entries]
+    present = {e.obs_id for e in entries if e.obs_id is not None}
+    if any(k not in present for k in view.marks):
+        view = View(digest=view.digest, marks={k: v for k, v in view.marks.items() if k in present})
+    last_error = None
+    for status, code, message in await store.afetch(_LAST_END, key):
+        last_error = last_error_line(status, code, message)
+    notes = await StoreNotes(store, agent_id, session_key, "").read()
+    return History(entries=entries, view=view, notes=tuple(notes), last_error=last_error)
+
+
+def last_error_line(reason: str, code: str | None, message: str | None) -> str | None:
+    """What the model is told about a previous turn that ended badly (None if it did not)."""
+    if reason not in _BADLY:
+        return None
+    why = f" ({code}): {message}" if message else ""
+    return (f"The previous turn of this conversation ended early with {reason}{why}. If the "
+            "person asks to go on, pick up from where it stopped.")  # fmt: skip
+
+
+async def artifact(store: EventStore, agent_id: str, session_key: str, obs_id: str) -> str | None:
+    """The whole body of one of the session's tool results, as stored."""
+    rows = await store.afetch(_ARTIFACT, {"agent_id": agent_id, "session_key": session_key,
+                                          "id": obs_id})  # fmt: skip
+    for (text,) in rows:
+        body = _JSON.decode(text).get("content")
+        return body if isinstance(body, str) else msgspec.json.encode(body).decode()
+    return None

@@ -1,0 +1,72 @@
+"""What the next turn of a session would read, as the context endpoint shows it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.agent import Agent
+from actors.context import ladder
+from actors.context.assemble import assemble, digest_text
+from actors.context.history import History
+from actors.context.policy import STAGES
+from actors.messages import (
+    Compacted,
+    ContextBlock,
+    ContextThresholds,
+    DigestInfo,
+    HistoryCounts,
+    SessionContext,
+)
+
+
+def session_context(
+    agent: Agent, session_key: str, history: History, text: str = "", messages: bool = False
+) -> SessionContext:
+    """The first request of the session's next turn for the input ``text``, before compaction,
+    as blocks with their tokens and texts. Without an input (``""``) the input slot and block
+    are left out."""
+    policy = agent.context
+    built = assemble(agent.pinned, history, text, (), policy.excerpt_keep)
+    # Slot 0 is the tools, then one slot per system block, then digest, history and input.
+    texts: list[str | None] = [None, *(block["text"] for block in built.system)]
+    digest = history.view.digest
+    if digest is not None:
+        texts.append(digest_text(history))
+    texts += [None, text]
+    slots = [
+        ContextBlock(slot=s.slot, label=s.label, pinned=s.pinned, tokens=s.tokens,
+                     text=texts[s.slot])
+        for s in built.slots
+        if text or s.label != "input"
+    ]  # fmt: skip
+    total = sum(s.tokens for s in slots)
+    tokens = history.corrected(total)
+    shown = {e.obs_id for e in history.entries if e.obs_id is not None}
+    marks = [mark for obs_id, mark in history.view.marks.items() if obs_id in shown]
+    sent = built.messages if text else _without_input(built.messages)
+    return SessionContext(
+        agent_id=agent.id, session_key=session_key, slots=slots, total=total,
+        window=policy.window, reserve_output=policy.reserve_output, budget=policy.budget,
+        tokens=tokens, pressure=round(tokens / policy.budget, 4),
+        source="corrected" if history.calibrated else "estimated",
+        thresholds=ContextThresholds(**dict(zip(STAGES, policy.thresholds, strict=True))),
+        breakpoints=built.breakpoints if text else built.breakpoints - 1,  # the input's
+        history=HistoryCounts(
+            turns=len(ladder.turns(history.entries)), messages=len(history.entries),
+            compacted=Compacted(excerpt=marks.count("excerpt"), dedupe=marks.count("dedupe"),
+                                stub=marks.count("stub")),
+        ),
+        digest=None if digest is None else DigestInfo(
+            source=digest.source, turns=digest.turns, requests=len(digest.requests),
+            text=digest.text,
+        ),
+        messages=sent if messages else None,
+        system=built.system if messages else None,
+    )  # fmt: skip
+
+
+def _without_input(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The assembled messages less the (empty) input block, the last block of the last one."""
+    *earlier, last = messages
+    content = last["content"][:-1]
+    return [*earlier, {"role": last["role"], "content": content}] if content else earlier

@@ -1,0 +1,700 @@
+"""Benchmark of context assembly for long sessions: time and memory against the number of turns.
+
+    .venv/bin/python bench/context.py [--quick] [--keep] [--turns 100,1000,2000]
+
+Uses DATABASE_URL / NATS_URL when set, else starts the embedded Postgres and NATS in a fresh
+temporary directory (removed afterwards). The node works in its own schema ``bench_<hex>``.
+
+An in-process ``runtime.node.Node`` (uvloop when installed) serves one agent, ``bench``: the
+offline scripted model (instant) answers ``read <path>`` with a call of ``read_report``, a custom
+tool of this script that returns ~5 KB, then with a one-line summary. ``model.context_window`` is
+16,000 tokens, so the compaction ladder (excerpt, dedupe, stub, digest with the mechanical
+digester, reset) runs for real as the session grows. One session gets its turns one after the
+other (submit over NATS, wait for ``turn.end``) up to each checkpoint N (100, 1,000 and 2,000;
+--quick 20 and 100).
+
+What a session reads swings with the compaction cycle (few turns right after a digest, many just
+before the next), so each figure is sampled after every turn of the last ``window`` turns before
+a checkpoint (100; --quick 20), with the session idle:
+
+  - rehydration: ``actors.context.load.load`` (the snapshot row, the rows after the digest, the
+    last turn's end, the notes); beside it, at the checkpoint, a read of every message row of the
+    session (what a full replay would read: O(history));
+  - memory: tracemalloc, the bytes the loaded ``History`` keeps and the peak while loading;
+  - assembly: ``actors.context.compact.prepare`` on a copy of that History with a fresh input, as
+    a turn's first model call does it (a fresh copy each time: no memo, and the ladder runs when
+    the previous turn pushed the pressure over a threshold); again on one copy (the memo hit of a
+    turn's later steps); ``assemble`` alone. Wall time and the loop thread's CPU time
+    (``time.thread_time``): on a shared machine the wall time also holds the time the OS gave
+    other processes, the CPU time only ours;
+  - at the checkpoint: one model round trip of the assembled request to the test suite's
+    FakeAnthropic (tests/fakes/anthropic_server.py, a real HTTP server, in a process of its own
+    so that it shares no GIL with the bench) through ``gateways.model.AnthropicModel`` (the
+    official SDK), p50, with the loop thread's CPU for it.
+Full collections of the garbage collector (generation 2) are timed with ``gc.callbacks``.
+Goal (issue 6): assembly p99 <= 5 ms and O(window), not O(history), in time and memory. The
+ratio column sets each figure at N beside the same figure at the first checkpoint (1.00x: flat).
+"""
+
+from __future__ import annotations
+
+# First: it takes this directory off the front of the import path (see its docstring).
+from _report import (
+    Goal,
+    Line,
+    busy_share,
+    drop_schemas,
+    line,
+    machine_facts,
+    machine_ticks,
+    ms,
+    pct,
+    perf,
+    print_rows,
+    print_table,
+    run_loop,
+    section,
+    servers,
+)
+
+# isort: split
+import argparse
+import asyncio
+import contextlib
+import gc
+import itertools
+import logging
+import multiprocessing
+import os
+import secrets
+import shutil
+import tempfile
+import time
+import tracemalloc
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+
+from actors.context.assemble import assemble
+from actors.context.compact import prepare
+from actors.context.history import History, entry
+from actors.context.load import load
+from actors.messages import Refused
+from actors.model import Completed, ModelRequest
+from eventstore import Checkpoint, EventStore
+from eventstore.catalogue import TurnEnd
+from gateways.ingress import IngressMessage, submit
+from gateways.model import AnthropicModel
+from runtime.config import from_env
+from runtime.node import Node
+
+AGENT = "bench"
+SESSION = "bench:long"
+WINDOW = 16_000
+PATHS = 6
+"""The tool reads one of this many paths in turn: the same call comes back within the window, so
+the dedupe stage has something to do."""
+MANIFEST = f"""\
+id: bench
+name: Context benchmark agent
+instructions:
+  - You read reports for the person and tell them what is in them.
+reminders:
+  - Quote numbers exactly as the report gives them.
+model:
+  provider: scripted
+  context_window: {WINDOW}
+  script:
+    - match: '^read (\\S+)$'
+      tool: read_report
+      input: {{path: "{{1}}"}}
+tools:
+  - name: read_report
+    module: "__main__:read_report"
+    description: Read a report by its path.
+    input_schema:
+      type: object
+      properties: {{path: {{type: string}}}}
+      required: [path]
+"""
+_calls = itertools.count(1)
+
+
+def read_report(args: dict[str, Any], ctx: object) -> str:
+    """The custom tool: a ~5 KB report, different at every call (``__main__:read_report``)."""
+    call = next(_calls)
+    rows = [f"{args['path']} call {call}: the reports of this benchmark are long on purpose"]
+    rows += [f"line {i:03d}: value {(call * 7919 + i * 104729) % 100_000:>6} units, status ok, "
+             f"checked against the previous reading" for i in range(64)]  # fmt: skip
+    return "\n".join(rows)
+
+
+def request_text(i: int) -> str:
+    return f"read src/module_{i % PATHS}.py"
+
+
+@dataclass(frozen=True)
+class Plan:
+    checkpoints: tuple[int, ...]
+    window: int
+    """Turns before each checkpoint after which the session is sampled."""
+    repeats: int
+    """prepare / assemble calls per sampled turn, for each variant."""
+    loads: int
+    """load() calls per sampled turn."""
+    round_trips: int
+    quick: bool = False
+
+
+FULL = Plan((100, 1000, 2000), 100, 20, 2, 30)
+QUICK = Plan((20, 100), 20, 20, 2, 10, quick=True)
+
+
+# --- the fake Anthropic server, in a process of its own ------------------------------------------
+
+
+def _serve_fake(conn: Connection) -> None:
+    """The child: a FakeAnthropic answering "ok" to everything until "stop"."""
+    from tests.fakes.anthropic_server import FakeAnthropic
+
+    with FakeAnthropic() as fake:
+        conn.send(fake.url)
+        while conn.recv() != "stop":
+            fake.reset()  # it keeps every request it answered
+            conn.send(len(fake.errors))
+
+
+class Fake:
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve_fake, args=(child,),
+                                        name="fake-anthropic", daemon=True)  # fmt: skip
+        self._process.start()
+        child.close()
+        self.url: str = self._conn.recv()
+
+    def reset(self) -> int:
+        """Forget the requests answered so far; the count of the fake's own internal errors."""
+        self._conn.send("reset")
+        errors: int = self._conn.recv()
+        return errors
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.send("stop")
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+
+
+# --- driving the session -------------------------------------------------------------------------
+
+
+class Ends:
+    """turn.end sightings, from one subscription, resolving the future of the waiting turn."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[TurnEnd]] = {}
+        self._early: dict[str, TurnEnd] = {}
+
+    def seen(self, turn_id: str, end: TurnEnd) -> None:
+        future = self._waiting.pop(turn_id, None)
+        if future is None:
+            self._early[turn_id] = end
+        elif not future.done():
+            future.set_result(end)
+
+    async def wait(self, turn_id: str, timeout: float) -> TurnEnd:
+        early = self._early.pop(turn_id, None)
+        if early is not None:
+            return early
+        future: asyncio.Future[TurnEnd] = asyncio.get_running_loop().create_future()
+        self._waiting[turn_id] = future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(turn_id, None)
+
+
+async def watch_ends(store: EventStore, after: Checkpoint, ends: Ends) -> None:
+    async for event in store.subscribe(after, types=("turn.end",)):
+        if event.metadata.turn_id is not None and isinstance(event.data, TurnEnd):
+            ends.seen(event.metadata.turn_id, event.data)
+
+
+@dataclass
+class Driven:
+    latencies: list[float] = field(default_factory=list)
+    """Submit -> turn.end seen, per turn, in order."""
+    reasons: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    first_error: int | None = None
+    """The number of the first turn that did not end ``final``."""
+
+
+async def turn(node: Node, ends: Ends, i: int, driven: Driven) -> None:
+    """Turn ``i`` of the session (0-based), once the one before has ended."""
+    assert node.nc is not None
+    t0 = perf()
+    result = await submit(node.nc, AGENT, IngressMessage(text=request_text(i),
+                                                         session_key=SESSION))  # fmt: skip
+    match result:
+        case Refused(code=code, message=message):
+            raise RuntimeError(f"the node refused a bench message: {code}: {message}")
+    end = await ends.wait(result.turn_id, 60.0)
+    driven.latencies.append(perf() - t0)
+    driven.reasons[end.reason] += 1
+    if end.error is not None:
+        driven.errors[end.error.code] += 1
+    if end.reason != "final" and driven.first_error is None:
+        driven.first_error = i + 1
+        print(f"  turn {i + 1} ended {end.reason}: {end.error}", flush=True)
+    if (i + 1) % 250 == 0:
+        recent = driven.latencies[-250:]
+        print(f"  {i + 1:>5} turns; the last 250: p50 {ms(pct(recent, 50))}, "
+              f"p99 {ms(pct(recent, 99))}; ends {dict(driven.reasons)}", flush=True)  # fmt: skip
+
+
+class FullCollections:
+    """The pauses of the collector's full (generation 2) collections, from gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        """(wall, CPU) seconds of each."""
+        self._started = (0.0, 0.0)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = (perf(), time.thread_time())
+        else:
+            wall, cpu = self._started
+            self.pauses.append((perf() - wall, time.thread_time() - cpu))
+
+
+# --- sampling after each turn of a window --------------------------------------------------------
+
+_JSON = msgspec.json.Decoder(Any)
+_ENCODE = msgspec.json.Encoder().encode
+STAGES_SQL = b"""
+SELECT data->>'stage', count(*),
+       count(*) FILTER (WHERE coalesce((data->>'changed')::boolean, true))
+  FROM events
+ WHERE type = 'compaction.stage' AND metadata->>'sessionKey' = %(session_key)s
+ GROUP BY 1 ORDER BY 1
+"""
+ALL_MESSAGES_SQL = b"""
+SELECT turn_id, position, role, content::text
+  FROM messages
+ WHERE agent_id = %(agent_id)s AND session_key = %(session_key)s
+ ORDER BY position
+"""
+
+
+@dataclass
+class Clock:
+    """Wall and loop-thread CPU seconds of repeated calls."""
+
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    async def time(self, call: Callable[..., Awaitable[Any] | Any], *args: Any) -> Any:
+        t0, c0 = perf(), time.thread_time()
+        result = call(*args)
+        if isinstance(result, Awaitable):
+            result = await result
+        self.wall.append(perf() - t0)
+        self.cpu.append(time.thread_time() - c0)
+        return result
+
+
+@dataclass
+class Sampled:
+    """What the sampled turns before one checkpoint showed."""
+
+    prepare: Clock = field(default_factory=Clock)
+    warm: Clock = field(default_factory=Clock)
+    assemble: Clock = field(default_factory=Clock)
+    load: Clock = field(default_factory=Clock)
+    stages: Counter[str] = field(default_factory=Counter)
+    kept: list[int] = field(default_factory=list)
+    """Bytes the loaded History keeps (tracemalloc), per sampled turn."""
+    peak: list[int] = field(default_factory=list)
+    entries: list[int] = field(default_factory=list)
+    view_turns: list[int] = field(default_factory=list)
+    marked_bytes: list[int] = field(default_factory=list)
+    """Bytes (as JSON) of the whole bodies of the marked tool results the History holds."""
+    tokens: list[int] = field(default_factory=list)
+    """The assembled request's estimate, before prepare's ladder."""
+    after: list[int] = field(default_factory=list)
+    """...and after it."""
+
+
+async def traced_load(store: EventStore) -> tuple[History, int, int]:
+    """A load under tracemalloc: the History, the bytes it keeps, the peak while loading (the
+    node is idle between turns, so little else allocates meanwhile; no gc.collect() here: its
+    full collections would stand out among those the bench counts)."""
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        history = await load(store, AGENT, SESSION)
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return history, current - base, peak - base
+
+
+async def sample(node: Node, plan: Plan, i: int, into: Sampled) -> History:
+    """Measure the session as the turn after turn ``i`` would read it."""
+    store, agent = node.store, node.agents[AGENT]
+    assert store is not None
+    policy, pinned, digester = agent.context, agent.pinned, agent.digester
+    text = request_text(i + 1)
+    for _ in range(plan.loads):
+        await into.load.time(load, store, AGENT, SESSION)
+    history, kept, peak = await traced_load(store)
+    into.kept.append(kept)
+    into.peak.append(peak)
+    into.entries.append(len(history.entries))
+    into.view_turns.append(len({e.start for e in history.entries}))
+    marks = history.view.marks
+    into.marked_bytes.append(sum(len(_ENCODE(e.content)) for e in history.entries
+                                 if e.obs_id is not None and e.obs_id in marks))  # fmt: skip
+    into.tokens.append(assemble(pinned, history.copy(), text, [], policy.excerpt_keep).total)
+    for n in range(plan.repeats):
+        copy = history.copy()
+        prepared = await into.prepare.time(prepare, pinned, copy, text, [], policy, digester)
+        if n == 0:
+            into.after.append(prepared.assembly.total)
+            into.stages.update(getattr(e, "stage", "?") for e in prepared.events[:-1])
+    warm = history.copy()
+    await prepare(pinned, warm, text, [], policy, digester)
+    for _ in range(plan.repeats):
+        await into.warm.time(prepare, pinned, warm, text, [], policy, digester)
+    for _ in range(plan.repeats):
+        copy = history.copy()
+        await into.assemble.time(assemble, pinned, copy, text, [], policy.excerpt_keep)
+    return history
+
+
+# --- at a checkpoint -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Point:
+    """Everything measured for one checkpoint."""
+
+    turns: int
+    sampled: Sampled
+    samples: int
+    turn_latency: list[float]
+    busy: float
+    """The machine's busy share while sampling (1.0: both cores busy)."""
+    own: float
+    """...and this process's share of the machine's CPU time in that span."""
+    full_read: Clock
+    full_rows: int
+    digest_turns: int
+    requests: int
+    requests_tokens: int
+    marks: Counter[str]
+    slots: dict[str, int]
+    budget: int
+    round_trip: Clock
+    reported_tokens: int
+    compactions: dict[str, tuple[int, int]]
+    collections: list[tuple[float, float]]
+    first_error: int | None
+
+
+async def checkpoint(node: Node, fake: Fake, plan: Plan, turns: int, history: History,
+                     sampled: Sampled, samples: int, driven: Driven, busy: float, own: float,
+                     collections: list[tuple[float, float]]) -> Point:  # fmt: skip
+    store, agent = node.store, node.agents[AGENT]
+    assert store is not None
+    policy, pinned = agent.context, agent.pinned
+    key = {"agent_id": AGENT, "session_key": SESSION}
+
+    async def read_all() -> list[Any]:
+        rows = await store.afetch(ALL_MESSAGES_SQL, key)
+        return [entry(t, p, r, _JSON.decode(c)) for t, p, r, c in rows]
+
+    full = Clock()
+    for _ in range(20):
+        await full.time(read_all)
+    full_rows = len(await read_all())
+
+    prepared = await prepare(pinned, history.copy(), request_text(turns), [], policy,
+                             agent.digester)  # fmt: skip
+    request = ModelRequest(model=agent.model_id, system=prepared.assembly.system,
+                           messages=prepared.assembly.messages, tools=pinned.tools,
+                           max_tokens=256)  # fmt: skip
+    model = AnthropicModel(agent.model_id, api_key="test", base_url=fake.url, max_retries=0)
+    trips = Clock()
+    reported = 0
+    try:
+        for n in range(plan.round_trips + 2):
+
+            async def trip() -> int:
+                prompt = 0
+                async for event in model.stream(request):
+                    if isinstance(event, Completed):
+                        prompt = event.usage.prompt_tokens
+                return prompt
+
+            reported = await (trips.time(trip) if n >= 2 else trip())  # 2 to warm up
+    finally:
+        await model.aclose()
+    if errors := fake.reset():
+        print(f"the fake Anthropic server failed internally {errors} times")
+
+    rows = await store.afetch(STAGES_SQL, {"session_key": SESSION})
+    digest = history.view.digest
+    requests = digest.requests if digest is not None else ()
+    return Point(
+        turns=turns, sampled=sampled, samples=samples,
+        turn_latency=driven.latencies[-samples:], busy=busy, own=own,
+        full_read=full, full_rows=full_rows,
+        digest_turns=digest.turns if digest else 0, requests=len(requests),
+        requests_tokens=len("\n".join(f"{i}. {r}" for i, r in enumerate(requests, 1))) // 4,
+        marks=Counter(history.view.marks.values()),
+        slots={s.label: s.tokens for s in prepared.assembly.slots}, budget=policy.budget,
+        round_trip=trips, reported_tokens=reported,
+        compactions={stage: (int(n), int(changed)) for stage, n, changed in rows},
+        collections=collections, first_error=driven.first_error,
+    )  # fmt: skip
+
+
+# --- reports -------------------------------------------------------------------------------------
+
+
+def p50_p99(values: list[float]) -> str:
+    return f"{pct(values, 50) * 1000:.3f} / {pct(values, 99) * 1000:.3f}"
+
+
+def med_max(values: list[int], scale: float = 1.0, fmt: str = "{:,.0f}") -> str:
+    return f"{fmt.format(pct(values, 50) / scale)} / {fmt.format(max(values) / scale)}"
+
+
+def gc_pauses(point: Point, which: int) -> str:
+    pauses = [p[which] for p in point.collections]
+    return f"{pct(pauses, 50) * 1000:.0f} / {max(pauses) * 1000:.0f}" if pauses else "-"
+
+
+def slot(label: str) -> Callable[[Point], str]:
+    return lambda p: f"{p.slots.get(label, 0):,}"
+
+
+def print_points(points: list[Point]) -> None:
+    header = ["figure", *[f"N = {p.turns:,}" for p in points]]
+
+    def row(name: str, get: Callable[[Point], str]) -> list[str]:
+        return [name, *[get(p) for p in points]]
+
+    kb = 1024.0
+    labels = list(dict.fromkeys(k for p in points for k in p.slots))
+    rows = [
+        row("turns sampled (the last ones before N)",
+            lambda p: f"{p.turns - p.samples + 1:,}-{p.turns:,}"),
+        row("machine busy / this process, while sampling",
+            lambda p: f"{p.busy * 100:.0f} % / {p.own * 100:.0f} %"),
+        row("turn latency (submit -> turn.end), ms", lambda p: p50_p99(p.turn_latency)),
+        row("load(), wall, ms", lambda p: p50_p99(p.sampled.load.wall)),
+        row("load(), loop-thread CPU, ms", lambda p: p50_p99(p.sampled.load.cpu)),
+        row("read of every message row (at N), ms", lambda p: p50_p99(p.full_read.wall)),
+        row("message rows of the session (at N)", lambda p: f"{p.full_rows:,}"),
+        row("entries in the History, median / max", lambda p: med_max(p.sampled.entries)),
+        row("turns in the view, median / max", lambda p: med_max(p.sampled.view_turns)),
+        row("History kept after load(), KB, median / max",
+            lambda p: med_max(p.sampled.kept, kb, "{:,.1f}")),
+        row("  of which whole bodies of marked results (JSON), KB",
+            lambda p: med_max(p.sampled.marked_bytes, kb, "{:,.1f}")),
+        row("peak while loading, KB, median / max",
+            lambda p: med_max(p.sampled.peak, kb, "{:,.1f}")),
+        row("prepare(), fresh copy (a turn's 1st call), wall, ms",
+            lambda p: p50_p99(p.sampled.prepare.wall)),
+        row("prepare(), fresh copy, loop-thread CPU, ms", lambda p: p50_p99(p.sampled.prepare.cpu)),
+        row("  max wall / max CPU, ms", lambda p: f"{max(p.sampled.prepare.wall) * 1000:.1f} / "
+            f"{max(p.sampled.prepare.cpu) * 1000:.1f}"),
+        row("  stages per call (by stage)",
+            lambda p: f"{sum(p.sampled.stages.values()) / len(p.sampled.after):.2f} ("
+            + (", ".join(f"{k} {v / len(p.sampled.after):.2f}"
+                         for k, v in sorted(p.sampled.stages.items())) or "none") + ")"),
+        row("prepare(), same copy (later calls), wall, ms", lambda p: p50_p99(p.sampled.warm.wall)),
+        row("assemble(), fresh copy, wall, ms", lambda p: p50_p99(p.sampled.assemble.wall)),
+        row("assemble(), fresh copy, loop-thread CPU, ms",
+            lambda p: p50_p99(p.sampled.assemble.cpu)),
+        row("tokens before prepare, median / max", lambda p: med_max(p.sampled.tokens)),
+        row("tokens after prepare, median / max", lambda p: med_max(p.sampled.after)),
+        row("prompt budget (window 16,000 less reserve)", lambda p: f"{p.budget:,}"),
+        *[row(f"  slot {label} (at N, after prepare)", slot(label)) for label in labels],
+        row("turns the digest covers (at N)", lambda p: f"{p.digest_turns:,}"),
+        row("requests kept verbatim in it / their tokens",
+            lambda p: f"{p.requests:,} / ~{p.requests_tokens:,}"),
+        row("marks in the view (at N)",
+            lambda p: ", ".join(f"{k} {v}" for k, v in sorted(p.marks.items())) or "none"),
+        row("prompt tokens the fake counted (at N)", lambda p: f"{p.reported_tokens:,}"),
+        row("model round trip to FakeAnthropic, wall, ms", lambda p: p50_p99(p.round_trip.wall)),
+        row("  loop-thread CPU of it (the SDK), ms", lambda p: p50_p99(p.round_trip.cpu)),
+        row("compaction.stage events so far (changed)",
+            lambda p: ", ".join(f"{k} {n} ({c})" for k, (n, c) in p.compactions.items())),
+        row("first turn that did not end final", lambda p: f"{p.first_error or '-'}"),
+        row("full GC collections so far", lambda p: f"{len(p.collections)}"),
+        row("  their pause, wall median / max, ms", lambda p: gc_pauses(p, 0)),
+        row("  their pause, CPU median / max, ms", lambda p: gc_pauses(p, 1)),
+    ]  # fmt: skip
+    print_rows(header, rows, set(range(1, len(header))))
+
+
+def result_lines(points: list[Point]) -> list[Line]:
+    first = points[0]
+    flat = Goal("<= 1.5x (O(window))", lambda o, b: b > 0 and o / b <= 1.5)
+    kb: Callable[[float], str] = lambda v: f"{v / 1024:,.1f} KB"  # noqa: E731
+    count: Callable[[float], str] = lambda v: f"{v:,.0f}"  # noqa: E731
+    lines: list[Line] = []
+    for p in points[1:]:
+        at = f"N={p.turns:,} vs N={first.turns:,}"
+
+        def add(name: str, get: Callable[[Point], float], show: Callable[[float], str],
+                goal: Goal | None = flat, p: Point = p, at: str = at) -> None:  # fmt: skip
+            lines.append(line(f"{name}, {at}", get(p), get(first), show, goal))
+
+        add("prepare() p50, turn's 1st call, CPU", lambda x: pct(x.sampled.prepare.cpu, 50), ms)
+        add("prepare() p99, turn's 1st call, CPU", lambda x: pct(x.sampled.prepare.cpu, 99), ms)
+        add("prepare() p99, turn's 1st call, wall", lambda x: pct(x.sampled.prepare.wall, 99), ms)
+        add("prepare() p50, later calls, wall", lambda x: pct(x.sampled.warm.wall, 50), ms)
+        add("assemble() p99, fresh copy, CPU", lambda x: pct(x.sampled.assemble.cpu, 99), ms)
+        add("load() p50, wall", lambda x: pct(x.sampled.load.wall, 50), ms)
+        add("load() p99, wall", lambda x: pct(x.sampled.load.wall, 99), ms)
+        add("History kept after load(), max", lambda x: max(x.sampled.kept), kb)
+        add("peak while loading, max", lambda x: max(x.sampled.peak), kb)
+        add("entries in the History, max", lambda x: max(x.sampled.entries), count)
+        add("tokens before prepare, max", lambda x: max(x.sampled.tokens), count)
+        add("digest slot tokens (at N)", lambda x: x.slots.get("digest", 0), count, None)
+        add(
+            "full read of the messages p50 (O(history))",
+            lambda x: pct(x.full_read.wall, 50),
+            ms,
+            None,
+        )
+    five = Goal("p99 <= 5 ms", lambda o, b: o <= 0.005)
+    for p in points:
+        rt = pct(p.round_trip.wall, 50)
+        lines.append(line(f"prepare() p99 wall vs model round trip p50, N={p.turns:,}",
+                          pct(p.sampled.prepare.wall, 99), rt, ms, five))  # fmt: skip
+        lines.append(line(f"prepare() p99 CPU vs model round trip p50, N={p.turns:,}",
+                          pct(p.sampled.prepare.cpu, 99), rt, ms, five))  # fmt: skip
+    return lines
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool) -> None:
+    schema = f"bench_{secrets.token_hex(4)}"
+    root = Path(tempfile.mkdtemp(prefix="dispach-bench-node-"))
+    (root / "agents").mkdir()
+    (root / "agents" / f"{AGENT}.yaml").write_text(MANIFEST)
+    settings = from_env({
+        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
+        "DISPACH_DRAIN_SECONDS": "10",
+    })  # fmt: skip
+    # The SDK talks to the fake on loopback, never through a proxy from the environment.
+    os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+    fake = Fake()
+    node = Node(settings)
+    collections = FullCollections()
+    gc.callbacks.append(collections)
+    watcher: asyncio.Task[None] | None = None
+    points: list[Point] = []
+    driven = Driven()
+    try:
+        await node.start()
+        assert node.store is not None and node.nc is not None
+        store = node.store
+        machine_facts(url, str(node.nc.connected_server_version), data_dir)
+        policy = node.agents[AGENT].context
+        print(f"schema: {schema}  mode: {'quick' if plan.quick else 'full'}; checkpoints "
+              f"{', '.join(f'{n:,}' for n in plan.checkpoints)}, each sampled over its last "
+              f"{plan.window} turns")  # fmt: skip
+        print(f"agent: scripted model, window {policy.window:,}, budget {policy.budget:,}, "
+              f"thresholds {policy.thresholds}, keep_turns {policy.keep_turns}, excerpt over "
+              f"{policy.excerpt_over} keep {policy.excerpt_keep}; tool output "
+              f"{len(read_report({'path': 'src/module_0.py'}, None)):,} chars; requests like "
+              f"{request_text(1)!r}")  # fmt: skip
+        ends = Ends()
+        head = await asyncio.to_thread(store.head)
+        watcher = asyncio.create_task(watch_ends(store, head, ends), name="bench-ends")
+        done = 0
+        for n in plan.checkpoints:
+            section(f"the session, turns {done + 1:,} to {n:,}")
+            started = perf()
+            window = min(plan.window, n - done)
+            for i in range(done, n - window):
+                await turn(node, ends, i, driven)
+            sampled = Sampled()
+            ticks, cpu = machine_ticks(), sum(os.times()[:4])
+            history = History()
+            for i in range(n - window, n):
+                await turn(node, ends, i, driven)
+                history = await sample(node, plan, i, sampled)
+            busy, after = busy_share(ticks, machine_ticks()), sum(os.times()[:4])
+            span = (machine_ticks()[1] - ticks[1]) / (os.sysconf("SC_CLK_TCK") or 100)
+            own = (after - cpu) / span if span else 0.0
+            print(f"{n - done:,} turns, the last {window} sampled, in {perf() - started:.1f} s")
+            started = perf()
+            points.append(await checkpoint(node, fake, plan, n, history, sampled, window, driven,
+                                           busy, own, list(collections.pauses)))  # fmt: skip
+            print(f"checkpoint measured in {perf() - started:.1f} s")
+            done = n
+    finally:
+        gc.callbacks.remove(collections)
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+        await node.stop()
+        fake.stop()
+        if not keep:
+            await asyncio.to_thread(drop_schemas, url, (schema,))
+        shutil.rmtree(root, ignore_errors=True)
+
+    section("per checkpoint (times p50 / p99 over the sampled turns, in ms)")
+    print(
+        f"turn ends: {dict(driven.reasons)}; errors: {dict(driven.errors) or 'none'}"
+        + (f"; first turn not final: {driven.first_error:,}" if driven.first_error else "")
+    )
+    print_points(points)
+    section(f"results (ratio = at N / at N={points[0].turns:,}; last rows: / round trip p50)")
+    print_table(result_lines(points))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="20 and 100 turns, fewer samples")
+    parser.add_argument("--keep", action="store_true", help="keep the bench schema afterwards")
+    parser.add_argument("--turns", help="checkpoints, comma-separated (default 100,1000,2000)")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    if args.turns:
+        checkpoints = tuple(sorted({int(t) for t in args.turns.split(",")}))
+        plan = Plan(checkpoints, plan.window, plan.repeats, plan.loads, plan.round_trips,
+                    plan.quick)  # fmt: skip
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    started = perf()
+    with servers() as found:
+        run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, args.keep))
+    print(f"\ntotal time {perf() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
