@@ -22,16 +22,21 @@ a checkpoint (100; --quick 20), with the session idle:
     session (what a full replay would read: O(history));
   - memory: tracemalloc, the bytes the loaded ``History`` keeps and the peak while loading;
   - assembly: ``actors.context.compact.prepare`` on a copy of that History with a fresh input, as
-    a turn's first model call does it (a fresh copy each time: no memo, and the ladder runs when
-    the previous turn pushed the pressure over a threshold); again on one copy (the memo hit of a
-    turn's later steps); ``assemble`` alone. Wall time and the loop thread's CPU time
+    a turn's first model call does it in a session just rehydrated (a fresh copy each time: no
+    memo, and the ladder runs when the previous turn pushed the pressure over a threshold); on a
+    copy of the history the session's actor holds, as a warm session's next turn does it (the
+    memo of the last turn's rendering: only the entries added since are rendered); again on one
+    copy (the memo hit of a turn's later steps); ``assemble`` alone. Wall time and the loop
+    thread's CPU time
     (``time.thread_time``): on a shared machine the wall time also holds the time the OS gave
     other processes, the CPU time only ours;
   - at the checkpoint: one model round trip of the assembled request to the test suite's
     FakeAnthropic (tests/fakes/anthropic_server.py, a real HTTP server, in a process of its own
     so that it shares no GIL with the bench) through ``gateways.model.AnthropicModel`` (the
     official SDK), p50, with the loop thread's CPU for it.
-Full collections of the garbage collector (generation 2) are timed with ``gc.callbacks``.
+Once the node is up the bench calls ``gc.collect(); gc.freeze()``, as a serving node does
+(runtime/node.py ``serve``); the full collections of the garbage collector (generation 2) after
+that are timed with ``gc.callbacks``.
 Goal (issue 6): assembly p99 <= 5 ms and O(window), not O(history), in time and memory. The
 ratio column sets each figure at N beside the same figure at the first checkpoint (1.00x: flat).
 """
@@ -266,8 +271,12 @@ class FullCollections:
     """The pauses of the collector's full (generation 2) collections, from gc.callbacks."""
 
     def __init__(self) -> None:
-        self.pauses: list[tuple[float, float]] = []
-        """(wall, CPU) seconds of each."""
+        self.pauses: list[tuple[float, float, float]] = []
+        """(wall, CPU) seconds of each, and the unreachable objects it found (and freed)."""
+        self.where = "start"
+        """What the bench was doing (set by it): turns, sampling, or its O(history) reads."""
+        self.by_where: dict[str, list[float]] = {}
+        """CPU seconds of each collection, by what the bench was doing."""
         self._started = (0.0, 0.0)
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
@@ -277,7 +286,12 @@ class FullCollections:
             self._started = (perf(), time.thread_time())
         else:
             wall, cpu = self._started
-            self.pauses.append((perf() - wall, time.thread_time() - cpu))
+            found = float(info.get("collected", 0))
+            self.pauses.append((perf() - wall, time.thread_time() - cpu, found))
+            self.by_where.setdefault(self.where, []).append(self.pauses[-1][1])
+
+
+COLLECTIONS = FullCollections()
 
 
 # --- sampling after each turn of a window --------------------------------------------------------
@@ -321,12 +335,19 @@ class Sampled:
     """What the sampled turns before one checkpoint showed."""
 
     prepare: Clock = field(default_factory=Clock)
+    held: Clock = field(default_factory=Clock)
+    """prepare() on a copy of the history the session's actor holds (a warm session)."""
+    held_count: int = 0
+    """Sampled turns after which the actor held a history (else the held clock is empty)."""
     warm: Clock = field(default_factory=Clock)
     assemble: Clock = field(default_factory=Clock)
     load: Clock = field(default_factory=Clock)
     stages: Counter[str] = field(default_factory=Counter)
     kept: list[int] = field(default_factory=list)
     """Bytes the loaded History keeps (tracemalloc), per sampled turn."""
+    memo: list[int] = field(default_factory=list)
+    """Bytes one assemble() adds to a copy of it: the memo of its rendered messages, which a
+    warm session's History keeps too."""
     peak: list[int] = field(default_factory=list)
     entries: list[int] = field(default_factory=list)
     view_turns: list[int] = field(default_factory=list)
@@ -363,6 +384,15 @@ async def sample(node: Node, plan: Plan, i: int, into: Sampled) -> History:
     history, kept, peak = await traced_load(store)
     into.kept.append(kept)
     into.peak.append(peak)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        rendered = history.copy()
+        assemble(pinned, rendered, text, [], policy.excerpt_keep)
+        into.memo.append(tracemalloc.get_traced_memory()[0] - base)
+    finally:
+        tracemalloc.stop()
+    del rendered
     into.entries.append(len(history.entries))
     into.view_turns.append(len({e.start for e in history.entries}))
     marks = history.view.marks
@@ -375,6 +405,13 @@ async def sample(node: Node, plan: Plan, i: int, into: Sampled) -> History:
         if n == 0:
             into.after.append(prepared.assembly.total)
             into.stages.update(getattr(e, "stage", "?") for e in prepared.events[:-1])
+    assert node.engine is not None
+    # The copy the engine's context read gets: the session actor's own when it holds one.
+    held = await node.engine._history(AGENT, SESSION)
+    if held._memo is not None:
+        into.held_count += 1
+        for _ in range(plan.repeats):
+            await into.held.time(prepare, pinned, held.copy(), text, [], policy, digester)
     warm = history.copy()
     await prepare(pinned, warm, text, [], policy, digester)
     for _ in range(plan.repeats):
@@ -404,6 +441,7 @@ class Point:
     full_rows: int
     digest_turns: int
     requests: int
+    archived: int
     requests_tokens: int
     marks: Counter[str]
     slots: dict[str, int]
@@ -411,13 +449,16 @@ class Point:
     round_trip: Clock
     reported_tokens: int
     compactions: dict[str, tuple[int, int]]
-    collections: list[tuple[float, float]]
+    collections: list[tuple[float, float, float]]
     first_error: int | None
+    tracked: Counter[str]
+    """Objects the collector tracks at N (frozen ones aside), by type: what a full collection
+    walks."""
 
 
 async def checkpoint(node: Node, fake: Fake, plan: Plan, turns: int, history: History,
                      sampled: Sampled, samples: int, driven: Driven, busy: float, own: float,
-                     collections: list[tuple[float, float]]) -> Point:  # fmt: skip
+                     collections: list[tuple[float, float, float]]) -> Point:  # fmt: skip
     store, agent = node.store, node.agents[AGENT]
     assert store is not None
     policy, pinned = agent.context, agent.pinned
@@ -428,9 +469,11 @@ async def checkpoint(node: Node, fake: Fake, plan: Plan, turns: int, history: Hi
         return [entry(t, p, r, _JSON.decode(c)) for t, p, r, c in rows]
 
     full = Clock()
+    COLLECTIONS.where = "checkpoint: reads of every row"
     for _ in range(20):
         await full.time(read_all)
     full_rows = len(await read_all())
+    COLLECTIONS.where = "checkpoint: round trips"
 
     prepared = await prepare(pinned, history.copy(), request_text(turns), [], policy,
                              agent.digester)  # fmt: skip
@@ -464,12 +507,14 @@ async def checkpoint(node: Node, fake: Fake, plan: Plan, turns: int, history: Hi
         turn_latency=driven.latencies[-samples:], busy=busy, own=own,
         full_read=full, full_rows=full_rows,
         digest_turns=digest.turns if digest else 0, requests=len(requests),
+        archived=digest.archived if digest is not None else 0,
         requests_tokens=len("\n".join(f"{i}. {r}" for i, r in enumerate(requests, 1))) // 4,
         marks=Counter(history.view.marks.values()),
         slots={s.label: s.tokens for s in prepared.assembly.slots}, budget=policy.budget,
         round_trip=trips, reported_tokens=reported,
         compactions={stage: (int(n), int(changed)) for stage, n, changed in rows},
         collections=collections, first_error=driven.first_error,
+        tracked=Counter(type(o).__name__ for o in gc.get_objects()),
     )  # fmt: skip
 
 
@@ -519,6 +564,8 @@ def print_points(points: list[Point]) -> None:
             lambda p: med_max(p.sampled.marked_bytes, kb, "{:,.1f}")),
         row("peak while loading, KB, median / max",
             lambda p: med_max(p.sampled.peak, kb, "{:,.1f}")),
+        row("memo of the rendered messages (one assemble), KB, median / max",
+            lambda p: med_max(p.sampled.memo, kb, "{:,.1f}")),
         row("prepare(), fresh copy (a turn's 1st call), wall, ms",
             lambda p: p50_p99(p.sampled.prepare.wall)),
         row("prepare(), fresh copy, loop-thread CPU, ms", lambda p: p50_p99(p.sampled.prepare.cpu)),
@@ -528,6 +575,12 @@ def print_points(points: list[Point]) -> None:
             lambda p: f"{sum(p.sampled.stages.values()) / len(p.sampled.after):.2f} ("
             + (", ".join(f"{k} {v / len(p.sampled.after):.2f}"
                          for k, v in sorted(p.sampled.stages.items())) or "none") + ")"),
+        row("prepare(), the actor's copy (warm next turn), wall, ms",
+            lambda p: p50_p99(p.sampled.held.wall) if p.sampled.held.wall else "-"),
+        row("prepare(), the actor's copy, loop-thread CPU, ms",
+            lambda p: p50_p99(p.sampled.held.cpu) if p.sampled.held.cpu else "-"),
+        row("  sampled turns after which the actor held a history",
+            lambda p: f"{p.sampled.held_count} of {p.samples}"),
         row("prepare(), same copy (later calls), wall, ms", lambda p: p50_p99(p.sampled.warm.wall)),
         row("assemble(), fresh copy, wall, ms", lambda p: p50_p99(p.sampled.assemble.wall)),
         row("assemble(), fresh copy, loop-thread CPU, ms",
@@ -539,6 +592,7 @@ def print_points(points: list[Point]) -> None:
         row("turns the digest covers (at N)", lambda p: f"{p.digest_turns:,}"),
         row("requests kept verbatim in it / their tokens",
             lambda p: f"{p.requests:,} / ~{p.requests_tokens:,}"),
+        row("earlier requests archived (summarised, not listed)", lambda p: f"{p.archived:,}"),
         row("marks in the view (at N)",
             lambda p: ", ".join(f"{k} {v}" for k, v in sorted(p.marks.items())) or "none"),
         row("prompt tokens the fake counted (at N)", lambda p: f"{p.reported_tokens:,}"),
@@ -547,9 +601,12 @@ def print_points(points: list[Point]) -> None:
         row("compaction.stage events so far (changed)",
             lambda p: ", ".join(f"{k} {n} ({c})" for k, (n, c) in p.compactions.items())),
         row("first turn that did not end final", lambda p: f"{p.first_error or '-'}"),
+        row("objects the GC tracks (not frozen), at N", lambda p: f"{p.tracked.total():,}"),
         row("full GC collections so far", lambda p: f"{len(p.collections)}"),
         row("  their pause, wall median / max, ms", lambda p: gc_pauses(p, 0)),
         row("  their pause, CPU median / max, ms", lambda p: gc_pauses(p, 1)),
+        row("  unreachable objects each freed, median / max",
+            lambda p: med_max([int(c[2]) for c in p.collections]) if p.collections else "-"),
     ]  # fmt: skip
     print_rows(header, rows, set(range(1, len(header))))
 
@@ -570,6 +627,9 @@ def result_lines(points: list[Point]) -> list[Line]:
         add("prepare() p50, turn's 1st call, CPU", lambda x: pct(x.sampled.prepare.cpu, 50), ms)
         add("prepare() p99, turn's 1st call, CPU", lambda x: pct(x.sampled.prepare.cpu, 99), ms)
         add("prepare() p99, turn's 1st call, wall", lambda x: pct(x.sampled.prepare.wall, 99), ms)
+        if p.sampled.held.cpu and first.sampled.held.cpu:
+            add("prepare() p50, warm next turn, CPU", lambda x: pct(x.sampled.held.cpu, 50), ms)
+            add("prepare() p99, warm next turn, CPU", lambda x: pct(x.sampled.held.cpu, 99), ms)
         add("prepare() p50, later calls, wall", lambda x: pct(x.sampled.warm.wall, 50), ms)
         add("assemble() p99, fresh copy, CPU", lambda x: pct(x.sampled.assemble.cpu, 99), ms)
         add("load() p50, wall", lambda x: pct(x.sampled.load.wall, 50), ms)
@@ -592,6 +652,9 @@ def result_lines(points: list[Point]) -> list[Line]:
                           pct(p.sampled.prepare.wall, 99), rt, ms, five))  # fmt: skip
         lines.append(line(f"prepare() p99 CPU vs model round trip p50, N={p.turns:,}",
                           pct(p.sampled.prepare.cpu, 99), rt, ms, five))  # fmt: skip
+        if p.sampled.held.cpu:
+            lines.append(line(f"prepare() p99 CPU, warm, vs model round trip p50, N={p.turns:,}",
+                              pct(p.sampled.held.cpu, 99), rt, ms, five))  # fmt: skip
     return lines
 
 
@@ -612,13 +675,18 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
     fake = Fake()
     node = Node(settings)
-    collections = FullCollections()
-    gc.callbacks.append(collections)
+    collections = COLLECTIONS
     watcher: asyncio.Task[None] | None = None
     points: list[Point] = []
     driven = Driven()
     try:
         await node.start()
+        # As runtime/node.py serve does once the node is up: what start-up loaded (the SDKs'
+        # models, the agents) is frozen out of the collector's sight. Collections are counted
+        # from here on.
+        gc.collect()
+        gc.freeze()
+        gc.callbacks.append(collections)
         assert node.store is not None and node.nc is not None
         store = node.store
         machine_facts(url, str(node.nc.connected_server_version), data_dir)
@@ -639,13 +707,16 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
             section(f"the session, turns {done + 1:,} to {n:,}")
             started = perf()
             window = min(plan.window, n - done)
+            collections.where = "turns"
             for i in range(done, n - window):
                 await turn(node, ends, i, driven)
             sampled = Sampled()
             ticks, cpu = machine_ticks(), sum(os.times()[:4])
             history = History()
             for i in range(n - window, n):
+                collections.where = "turns"
                 await turn(node, ends, i, driven)
+                collections.where = "sampling"
                 history = await sample(node, plan, i, sampled)
             busy, after = busy_share(ticks, machine_ticks()), sum(os.times()[:4])
             span = (machine_ticks()[1] - ticks[1]) / (os.sysconf("SC_CLK_TCK") or 100)
@@ -657,7 +728,8 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
             print(f"checkpoint measured in {perf() - started:.1f} s")
             done = n
     finally:
-        gc.callbacks.remove(collections)
+        if collections in gc.callbacks:
+            gc.callbacks.remove(collections)
         if watcher is not None:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -674,6 +746,14 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
         + (f"; first turn not final: {driven.first_error:,}" if driven.first_error else "")
     )
     print_points(points)
+    print("full collections by what the bench was doing: " + "; ".join(
+        f"{where} {len(cpu)} (CPU median {pct(cpu, 50) * 1000:.0f} ms, max {max(cpu) * 1000:.0f})"
+        for where, cpu in COLLECTIONS.by_where.items()))  # fmt: skip
+    for older, newer in itertools.pairwise(points):
+        grown = newer.tracked - older.tracked
+        print(f"tracked objects, turn {older.turns:,} -> {newer.turns:,}: "
+              f"{newer.tracked.total() - older.tracked.total():+,}; grown most: "
+              + ", ".join(f"{k} +{v:,}" for k, v in grown.most_common(8)))  # fmt: skip
     section(f"results (ratio = at N / at N={points[0].turns:,}; last rows: / round trip p50)")
     print_table(result_lines(points))
 

@@ -21,6 +21,7 @@ from actors.context.assemble import (
     Block,
     Pinned,
     assemble,
+    digest_text,
 )
 from actors.context.compact import Digester, Prepared, digest_of, mechanical, prepare
 from actors.context.history import (
@@ -35,6 +36,7 @@ from actors.context.history import (
     estimate,
     marked,
     slim,
+    text_tokens,
 )
 from actors.context.policy import DEFAULT_THRESHOLDS, FLOOR_MARGIN, STAGES, ContextPolicy
 from eventstore.catalogue import CompactionStage, ContextPressure
@@ -727,3 +729,36 @@ async def test_a_provider_count_is_reported_then_corrected_after_compaction() ->
     assert isinstance(pressure, ContextPressure)
     assert len(prepared.events) > 1
     assert pressure.source == "corrected"  # the count was of the request before compaction
+
+
+@pytest.mark.asyncio
+async def test_the_request_list_keeps_to_its_share_and_says_what_it_summarised() -> None:
+    """A session of very many turns: the verbatim requests may take ``requests_share`` of the
+    budget; past it the earliest are summarised (counted, and named as left out), the newest
+    stay word for word, and the fold of the recorded stages gives the same view."""
+    policy = ContextPolicy(window=6000, reserve_output=1000, keep_turns=1, requests_share=0.1)
+    long_request = "please look this up again, with every detail you can find " * 2
+    history = History()
+    archived = 0
+    for i in range(60):
+        history.entries = [*history.entries, *turn(i, request=f"{i}: {long_request}")]
+        start = history.copy()
+        prepared = await prepare(PINNED, history, "next", [], policy, Digester())
+        check_run(prepared, policy)
+        assert not prepared.over
+        assert replayed(start, prepared.events).view == history.view
+        digest = history.view.digest
+        if digest is not None:
+            assert digest.archived >= archived  # never un-summarised
+            archived = digest.archived
+            listed = sum(text_tokens(r) + 2 for r in digest.requests)
+            assert listed <= policy.budget * policy.requests_share
+            assert digest.archived + len(digest.requests) == digest.turns
+    digest = history.view.digest
+    assert digest is not None and digest.archived > 0
+    assert digest.requests[-1].startswith(f"{digest.turns - 1}: ")  # the newest kept verbatim
+    text = digest_text(history)
+    assert text is not None
+    assert f"(requests 1-{digest.archived} are summarised above, not listed)" in text
+    assert f"{digest.archived + 1}. {digest.requests[0]}" in text
+    assert "no longer listed word for word" in digest.text

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from eventstore import START, RecordedEvent
-from eventstore.catalogue import ModelRetry, ToolRepair, ToolResult, TurnEnd
+from eventstore.catalogue import ModelResult, ModelRetry, ToolRepair, ToolResult, TurnEnd
 from gateways.ingress import stop
 from runtime.node import Node
 from tests import fakes
@@ -109,7 +109,10 @@ async def test_two_tools_in_one_step_then_an_answer(
     first = fake_anthropic.message_requests()[0].body
     assert first["system"][-1]["cache_control"] == {"type": "ephemeral"}
     assert [t["name"] for t in first["tools"]] == [
-        "current_time", "calculator", "session_notes", "artifact_read"
+        "current_time",
+        "calculator",
+        "session_notes",
+        "artifact_read",
     ]
     row = await turn_row(node, accepted.turn_id)
     assert (row["status"], row["steps"], row["text"]) == ("final", 2, end.text)
@@ -434,3 +437,50 @@ async def test_a_turn_survives_its_database_connections_being_cut(
     assert end.reason == "final"
     follow = await send(node, "helper", "still there?")
     assert end_of(await wait_end(node, follow.turn_id)).reason == "final"
+
+
+@pytest.mark.asyncio
+async def test_each_model_call_shows_its_cache_reads_and_writes_on_the_turn(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second turn of a session reads the first one's prefix from the provider's cache: each
+    call's usage is on the turn resource, as the model reported it."""
+    fake_anthropic.cache_min_tokens = 64
+    fake_anthropic.script(
+        Reply(text="Counting.", tool_uses=[ToolUse("calculator", {"expression": "6*7"})]),
+        Reply(text="It is 42."),
+        Reply(text="Still 42."),
+    )
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    first = await send(node, "helper", "what is 6*7?", "cached")
+    await wait_end(node, first.turn_id)
+    second = await send(node, "helper", "and again?", "cached")
+    events = await wait_end(node, second.turn_id)
+    reported = [e.data for e in events if isinstance(e.data, ModelResult)]
+    assert reported[0].cache_read_tokens > 0
+    for turn_id, calls in ((first.turn_id, 2), (second.turn_id, 1)):
+        row = await turn_row(node, turn_id)
+        assert len(row["calls"]) == calls
+        assert row["cache_read_tokens"] == sum(c["cacheReadTokens"] for c in row["calls"])
+        assert row["cache_write_tokens"] == sum(c["cacheWriteTokens"] for c in row["calls"])
+    row = await turn_row(node, second.turn_id)
+    (call,) = row["calls"]
+    assert call["cacheReadTokens"] == reported[0].cache_read_tokens
+    assert call["promptTokens"] == reported[0].prompt_tokens and call["finishReason"] == "end_turn"
+
+
+@pytest.mark.asyncio
+async def test_a_provider_that_finds_the_prompt_too_long_ends_the_turn_with_a_clear_code(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's manifest claims a bigger window than the model has: the provider's 400 is
+    named for what it is, not a generic API error."""
+    fake_anthropic.context_window = 1500  # the manifest's default window is 200,000 tokens
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    accepted = await send(node, "helper", "x" * 8000)
+    end = end_of(await wait_end(node, accepted.turn_id))
+    assert end.reason == "error" and end.error is not None
+    assert end.error.code == "context_window_exceeded"
+    assert "prompt is too long" in end.error.message
+    assert "reserve_output" in end.error.hint
+    assert fake_anthropic.pending == 0 and len(fake_anthropic.message_requests()) == 1

@@ -89,26 +89,32 @@ def digest_text(history: History) -> str | None:
 
 def history_messages(history: History, keep_tokens: int) -> tuple[list[dict[str, Any]], int, int]:
     """The digest and the entries as messages, with the digest's and the entries' tokens.
-    Memoised on the history: every step of a turn reads the same history unless a stage ran."""
+
+    Memoised on the history: every step of a turn reads the same history unless a stage ran,
+    and a warm session's next turn only adds its predecessor's entries (entries are appended,
+    never changed in place; a stage that changes them replaces the view), so only those are
+    rendered: a turn's assembly costs what is new, not the whole window."""
     memo = history._memo
-    key = (len(history.entries), history.view, keep_tokens)
-    if memo is not None and memo[:1] == key[:1] and memo[1] is key[1] and memo[2] == key[2]:
-        cached: tuple[list[dict[str, Any]], int, int] = memo[3]
-        return cached
-    messages: list[dict[str, Any]] = []
-    digest_tokens = tokens = 0
-    text = digest_text(history)
-    if text is not None:
-        messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
-        digest_tokens = text_tokens(text)
-    marks = history.view.marks
-    for item in history.entries:
+    view, entries = history.view, history.entries
+    if memo is not None and memo[1] is view and memo[2] == keep_tokens and memo[0] <= len(entries):
+        done, (cached, digest_tokens, tokens) = memo[0], memo[3]
+        if done == len(entries):
+            return cached, digest_tokens, tokens
+        messages = list(cached)
+    else:
+        done, messages, tokens, digest_tokens = 0, [], 0, 0
+        text = digest_text(history)
+        if text is not None:
+            messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+            digest_tokens = text_tokens(text)
+    marks = view.marks
+    for item in entries[done:]:
         mark = marks.get(item.obs_id) if item.role == "tool" else None  # type: ignore[arg-type]
         content = marked(item, mark, keep_tokens)
-        tokens += item.tokens if content is item.content or mark is None else estimate(content)
+        tokens += item.tokens if mark is None else estimate(content)
         _append(messages, "assistant" if item.role == "assistant" else "user",
                 content if isinstance(content, list) else [content])  # fmt: skip
-    history._memo = (*key, (messages, digest_tokens, tokens))
+    history._memo = (len(entries), view, keep_tokens, (messages, digest_tokens, tokens))
     return messages, digest_tokens, tokens
 
 

@@ -30,6 +30,10 @@ _FATAL_CODES = {
 }
 
 
+_TOO_LONG = ("prompt is too long", "exceed context limit")
+"""How the API says a request does not fit the model's window (a 400)."""
+
+
 class AnthropicModel:
     def __init__(
         self,
@@ -265,7 +269,13 @@ def _message(e: anthropic.APIStatusError) -> str:
 
 def _fatal(e: anthropic.APIStatusError) -> ModelError:
     status = e.status_code
-    if status in _FATAL_CODES:
+    if status == 400 and any(m in _message(e) for m in _TOO_LONG):
+        # The local estimate fell short of the provider's count (the session's correction ratio
+        # learns from each reported figure; a reserve of output tokens leaves a margin).
+        code = "context_window_exceeded"
+        hint = ("raise model.reserve_output (more margin), set context.count_tokens: true, or "
+                "lower the compaction thresholds")  # fmt: skip
+    elif status in _FATAL_CODES:
         code, hint = _FATAL_CODES[status]
     elif _spend(e):
         code, hint = "model_spend_limit", "the account's spend limit is reached"
