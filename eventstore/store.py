@@ -210,6 +210,15 @@ class EventStore:
         )
         return [decode_row(r) for r in rows]
 
+    async def aread_turns(
+        self, turn_ids: Sequence[str], types: Sequence[str]
+    ) -> list[RecordedEvent]:
+        """The events of ``types`` about the given turns (any stream), in log order."""
+        rows = await self.afetch(
+            load("read_turns").encode(), {"turn_ids": list(turn_ids), "types": list(types)}
+        )
+        return [decode_row(r) for r in rows]
+
     async def aread_scoped(
         self,
         after: Checkpoint = START,

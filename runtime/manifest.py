@@ -350,7 +350,7 @@ def _configuration(manifest: Manifest, model: Model, tools: ToolRegistry,
         lines.append(
             "Long conversations are compacted automatically: older tool results may be "
             "shortened (artifact_read returns one whole) and older turns summarised; the "
-            "person's own requests are always kept word for word."
+            "person's own requests are kept word for word."
         )
     return "\n".join(lines)
 

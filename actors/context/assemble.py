@@ -66,6 +66,8 @@ class Assembly(msgspec.Struct, frozen=True, kw_only=True):
     system: list[dict[str, Any]]
     messages: list[dict[str, Any]]
     slots: list[ContextSlot]
+    texts: list[str | None]
+    """Each slot's text, where it has one (not the tools, the history or this turn)."""
     total: int
     """The local estimate of the whole prompt (tools, system, messages)."""
     compactable: int
@@ -138,24 +140,26 @@ def assemble(
     """The request for one model call: ``text`` is the person's input, ``transcript`` the
     turn's own messages after it."""
     slots: list[ContextSlot] = []
+    texts: list[str | None] = []
 
-    def slot(label: str, tokens: int, pinned_: bool) -> None:
+    def slot(label: str, tokens: int, pinned_: bool, text: str | None = None) -> None:
         slots.append(ContextSlot(slot=len(slots), label=label, tokens=tokens, pinned=pinned_))
+        texts.append(text)
 
     slot("tools", pinned._tools_tokens, True)
     system: list[dict[str, Any]] = [{"type": "text", "text": b.text} for b in pinned.system]
     for block, tokens in zip(pinned.system, pinned._tokens, strict=True):
-        slot(block.label, tokens, True)
+        slot(block.label, tokens, True, block.text)
     stable = len(system)
     if history.notes:
         notes = "Your notes for this session (session_notes):\n" + "\n".join(
             f"{i}. {n}" for i, n in enumerate(history.notes, 1)
         )
         system.append({"type": "text", "text": notes})
-        slot("notes", text_tokens(notes), False)
+        slot("notes", text_tokens(notes), False, notes)
     if history.last_error:
         system.append({"type": "text", "text": history.last_error})
-        slot("last error", text_tokens(history.last_error), True)
+        slot("last error", text_tokens(history.last_error), True, history.last_error)
     breakpoints = 0
     if stable:
         system[stable - 1] = {**system[stable - 1], "cache_control": _BREAKPOINT}
@@ -163,13 +167,13 @@ def assemble(
 
     earlier, digest_tokens, history_tokens = history_messages(history, keep_tokens)
     if history.view.digest is not None:
-        slot("digest", digest_tokens, False)
+        slot("digest", digest_tokens, False, earlier[0]["content"][0]["text"])
     slot("history", history_tokens, False)
     messages = list(earlier)
     if messages and _mark_last(messages):
         breakpoints += 1
     _append(messages, "user", [{"type": "text", "text": text}])
-    slot("input", text_tokens(text), True)
+    slot("input", text_tokens(text), True, text)
     turn_tokens = 0
     for message in transcript:
         _append(messages, message["role"], message["content"])
@@ -179,7 +183,7 @@ def assemble(
     if _mark_last(messages):
         breakpoints += 1
     total = sum(s.tokens for s in slots)
-    return Assembly(system=system, messages=messages, slots=slots, total=total,
+    return Assembly(system=system, messages=messages, slots=slots, texts=texts, total=total,
                     compactable=digest_tokens + history_tokens,
                     breakpoints=breakpoints)  # fmt: skip
 

@@ -11,6 +11,7 @@ changes them (and so the replay).
 from __future__ import annotations
 
 from collections import defaultdict
+from importlib import resources
 from typing import Any
 
 from actors.agent import Agent
@@ -20,13 +21,12 @@ from actors.context.history import Entry, History, after_stage, entry
 from actors.context.load import last_error_line
 from actors.tools import notes as session_notes
 from actors.turn.core import TurnState, apply
-from eventstore import START, EventStore, RecordedEvent, streams
+from eventstore import EventStore, RecordedEvent, streams
 from eventstore.catalogue import (
     CompactionStage,
     ContextAssembled,
     ModelResult,
     SessionCleared,
-    SessionNote,
     ToolResult,
     TurnAttempt,
     TurnEnd,
@@ -35,8 +35,9 @@ from eventstore.catalogue import (
 from eventstore.projections import history_row
 
 _TYPES = [t.TYPE for t in (TurnStart, TurnAttempt, ModelResult, ToolResult, TurnEnd,
-                           CompactionStage, SessionNote, SessionCleared)]  # fmt: skip
+                           CompactionStage)]  # fmt: skip
 _PAGE = 1000
+_EARLIER = resources.files("actors.context").joinpath("sql/earlier_turns.sql").read_text().encode()
 
 
 async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str, Any]] | None:
@@ -46,8 +47,8 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
     if not own or not isinstance(own[0].data, TurnStart):
         return None
     meta = own[0].metadata
-    session = await _session_events(store, meta.agent_id or "", meta.session_key or "", own[-1])
     start = own[0].position
+    session = await _session_events(store, meta.agent_id or "", meta.session_key or "", start)
     history = _history_before(session, start)
     requests: list[dict[str, Any]] = []
     state = TurnState()
@@ -67,18 +68,21 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
 
 
 async def _session_events(
-    store: EventStore, agent_id: str, session_key: str, last: RecordedEvent
+    store: EventStore, agent_id: str, session_key: str, start: int
 ) -> list[RecordedEvent]:
-    """The session's events that shape a context, up to ``last`` (the turn's last event)."""
-    found: list[RecordedEvent] = []
-    after = START
+    """What shaped the context of the session's turn accepted at ``start``: the events of its
+    earlier turns (through the turn index) and the session's own stream (notes, clears), in
+    log order. O(session), never a scan of the log."""
+    key = {"agent_id": agent_id, "session_key": session_key, "before": start}
+    earlier = [turn_id for (turn_id,) in await store.afetch(_EARLIER, key)]
+    found = await store.aread_turns(earlier, _TYPES) if earlier else []
+    stream, version = streams.session(agent_id, session_key), 0
     while True:
-        page = await store.aread_scoped(after, _PAGE, agent_id=agent_id,
-                                        session_key=session_key, types=_TYPES)  # fmt: skip
-        found.extend(e for e in page if e.position <= last.position)
-        if len(page) < _PAGE or page[-1].position >= last.position:
-            return found
-        after = page[-1].checkpoint
+        page = await store.aread_stream(stream, version, _PAGE)
+        found.extend(page)
+        if len(page) < _PAGE:
+            return sorted(found, key=lambda e: e.position)
+        version = page[-1].version + 1
 
 
 def _history_before(session: list[RecordedEvent], start: int) -> History:

@@ -6,7 +6,7 @@ from typing import Any
 
 from actors.agent import Agent
 from actors.context import ladder
-from actors.context.assemble import assemble, digest_text
+from actors.context.assemble import assemble
 from actors.context.history import History
 from actors.context.policy import STAGES
 from actors.messages import (
@@ -27,18 +27,12 @@ def session_context(
     are left out."""
     policy = agent.context
     built = assemble(agent.pinned, history, text, (), policy.excerpt_keep)
-    # Slot 0 is the tools, then one slot per system block, then digest, history and input.
-    texts: list[str | None] = [None, *(block["text"] for block in built.system)]
     digest = history.view.digest
-    if digest is not None:
-        texts.append(digest_text(history))
-    texts += [None, text]
     slots = [
-        ContextBlock(slot=s.slot, label=s.label, pinned=s.pinned, tokens=s.tokens,
-                     text=texts[s.slot])
-        for s in built.slots
+        ContextBlock(slot=s.slot, label=s.label, pinned=s.pinned, tokens=s.tokens, text=shown)
+        for s, shown in zip(built.slots, built.texts, strict=True)
         if text or s.label != "input"
-    ]  # fmt: skip
+    ]
     total = sum(s.tokens for s in slots)
     tokens = history.corrected(total)
     shown = {e.obs_id for e in history.entries if e.obs_id is not None}
