@@ -13,12 +13,19 @@ import msgspec
 import pytest
 
 from eventstore import START, RecordedEvent
-from eventstore.catalogue import ModelResult, ModelRetry, ToolRepair, ToolResult, TurnEnd
+from eventstore.catalogue import (
+    ContextPressure,
+    ModelResult,
+    ModelRetry,
+    ToolRepair,
+    ToolResult,
+    TurnEnd,
+)
 from gateways.ingress import stop
 from runtime.node import Node
 from tests import fakes
 from tests.conftest import ConnectFactory, NodeFactory
-from tests.fakes import FakeAnthropic, HttpError, Reply, StreamFault, ToolUse
+from tests.fakes import FakeAnthropic, HttpError, Reply, StreamFault, ToolUse, estimate_input_tokens
 from tests.turns import refused, send, store_of, turn_row, types, wait_end
 
 fake_anthropic = fakes.fake_anthropic
@@ -484,3 +491,31 @@ async def test_a_provider_that_finds_the_prompt_too_long_ends_the_turn_with_a_cl
     assert "prompt is too long" in end.error.message
     assert "reserve_output" in end.error.hint
     assert fake_anthropic.pending == 0 and len(fake_anthropic.message_requests()) == 1
+
+
+@pytest.mark.asyncio
+async def test_count_tokens_asks_the_provider_before_each_call(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``context.count_tokens: true`` the pressure is the provider's own count of the very
+    request that is then sent."""
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    node_factory.write_agent(
+        "helper", manifest(fake_anthropic) + "context:\n  count_tokens: true\n"
+    )
+    fake_anthropic.script(
+        Reply(text="Counting.", tool_uses=[ToolUse("calculator", {"expression": "6*7"})]),
+        Reply(text="42."),
+    )
+    node = await node_factory.start()
+    accepted = await send(node, "helper", "what is 6*7?")
+    events = await wait_end(node, accepted.turn_id)
+    assert end_of(events).reason == "final"
+    counted = fake_anthropic.requests
+    paths = [r.path for r in counted]
+    assert paths == ["/v1/messages/count_tokens", "/v1/messages"] * 2
+    pressures = [e.data for e in events if isinstance(e.data, ContextPressure)]
+    assert [p.source for p in pressures] == ["reported", "reported"]
+    for pressure, count, sent in zip(pressures, counted[0::2], counted[1::2], strict=True):
+        assert count.body["messages"] == sent.body["messages"]
+        assert pressure.tokens == estimate_input_tokens(sent.body)
