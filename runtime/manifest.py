@@ -113,7 +113,7 @@ class ContextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     compactor: ModelConfig | None = None
     """The model that writes digests; without one (or when it fails) digests are mechanical."""
     count_tokens: bool = False
-    requests_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.5
+    requests_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3
     """The share of the prompt budget the verbatim list of earlier requests may take."""
 
 

@@ -27,7 +27,7 @@ class ContextPolicy:
     """digest: the newest turns kept verbatim."""
     count_tokens: bool = False
     """Ask the provider to count each request's tokens before sending it."""
-    requests_share: float = 0.5
+    requests_share: float = 0.3
     """digest/reset: the share of the prompt budget the verbatim list of the person's earlier
     requests may take; past it the earliest are summarised instead (a session of thousands of
     turns keeps working rather than ending every turn over budget)."""
