@@ -40,6 +40,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from eventstore import Checkpoint, EventStore
+from eventstore.catalogue import TurnEnd
+
 perf = time.perf_counter
 
 
@@ -418,3 +421,50 @@ async def stop_server(server: asyncio.subprocess.Process, timeout: float = 60.0)
         server.kill()
         await server.wait()
         return -9
+
+
+# --- waiting for turn ends ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A turn.end as the bench's one subscription saw it, and when (perf counter, wall clock)."""
+
+    end: TurnEnd
+    at: float
+    wall: float
+
+
+class Ends:
+    """turn.end sightings, from one subscription, resolving the future of the waiting turn."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[Ended]] = {}
+        self._early: dict[str, Ended] = {}
+
+    def seen(self, turn_id: str, end: TurnEnd) -> None:
+        ended = Ended(end, perf(), time.time())
+        future = self._waiting.pop(turn_id, None)
+        if future is None:
+            self._early[turn_id] = ended  # ended before its waiter had the acceptance back
+        elif not future.done():
+            future.set_result(ended)
+
+    async def wait(self, turn_id: str, timeout: float) -> Ended:
+        early = self._early.pop(turn_id, None)
+        if early is not None:
+            return early
+        future: asyncio.Future[Ended] = asyncio.get_running_loop().create_future()
+        self._waiting[turn_id] = future
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(turn_id, None)
+
+
+async def watch_ends(store: EventStore, after: Checkpoint, ends: Ends) -> None:
+    # Only turn.end rows leave Postgres: the client shares the node's event loop, and reading
+    # every event of every turn to find the ends cost it a third of the loop's time per turn.
+    async for event in store.subscribe(after, types=("turn.end",)):
+        if event.metadata.turn_id is not None and isinstance(event.data, TurnEnd):
+            ends.seen(event.metadata.turn_id, event.data)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 # First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
+    Ends,
     Goal,
     Line,
     busy_share,
@@ -60,6 +61,7 @@ from _report import (
     run_loop,
     section,
     servers,
+    watch_ends,
 )
 
 # isort: split
@@ -92,8 +94,7 @@ from actors.context.history import History, entry
 from actors.context.load import load
 from actors.messages import Refused
 from actors.model import Completed, ModelRequest
-from eventstore import Checkpoint, EventStore
-from eventstore.catalogue import TurnEnd
+from eventstore import EventStore
 from gateways.ingress import IngressMessage, submit
 from gateways.model import AnthropicModel
 from runtime.config import from_env
@@ -202,38 +203,6 @@ class Fake:
 # --- driving the session -------------------------------------------------------------------------
 
 
-class Ends:
-    """turn.end sightings, from one subscription, resolving the future of the waiting turn."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[str, asyncio.Future[TurnEnd]] = {}
-        self._early: dict[str, TurnEnd] = {}
-
-    def seen(self, turn_id: str, end: TurnEnd) -> None:
-        future = self._waiting.pop(turn_id, None)
-        if future is None:
-            self._early[turn_id] = end
-        elif not future.done():
-            future.set_result(end)
-
-    async def wait(self, turn_id: str, timeout: float) -> TurnEnd:
-        early = self._early.pop(turn_id, None)
-        if early is not None:
-            return early
-        future: asyncio.Future[TurnEnd] = asyncio.get_running_loop().create_future()
-        self._waiting[turn_id] = future
-        try:
-            return await asyncio.wait_for(future, timeout)
-        finally:
-            self._waiting.pop(turn_id, None)
-
-
-async def watch_ends(store: EventStore, after: Checkpoint, ends: Ends) -> None:
-    async for event in store.subscribe(after, types=("turn.end",)):
-        if event.metadata.turn_id is not None and isinstance(event.data, TurnEnd):
-            ends.seen(event.metadata.turn_id, event.data)
-
-
 @dataclass
 class Driven:
     latencies: list[float] = field(default_factory=list)
@@ -253,7 +222,7 @@ async def turn(node: Node, ends: Ends, i: int, driven: Driven) -> None:
     match result:
         case Refused(code=code, message=message):
             raise RuntimeError(f"the node refused a bench message: {code}: {message}")
-    end = await ends.wait(result.turn_id, 60.0)
+    end = (await ends.wait(result.turn_id, 60.0)).end
     driven.latencies.append(perf() - t0)
     driven.reasons[end.reason] += 1
     if end.error is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 # First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
+    Ends,
     Goal,
     Line,
     RawSingle,
@@ -47,6 +48,7 @@ from _report import (
     run_loop,
     section,
     servers,
+    watch_ends,
 )
 
 # isort: split
@@ -341,41 +343,6 @@ def usage(a: Snapshot, b: Snapshot, turns: int) -> Usage:
 # --- the client: closed-loop sessions ------------------------------------------------------------
 
 
-class Ends:
-    """turn.end sightings, from one subscription, resolving the futures of waiting workers."""
-
-    def __init__(self) -> None:
-        self._waiting: dict[str, asyncio.Future[tuple[float, float]]] = {}
-        self._early: dict[str, tuple[float, float]] = {}
-
-    def seen(self, turn_id: str) -> None:
-        at = (perf(), time.time())
-        future = self._waiting.pop(turn_id, None)
-        if future is None:
-            self._early[turn_id] = at  # ended before its worker had the acceptance back
-        elif not future.done():
-            future.set_result(at)
-
-    async def wait(self, turn_id: str, timeout: float) -> tuple[float, float]:
-        early = self._early.pop(turn_id, None)
-        if early is not None:
-            return early
-        future: asyncio.Future[tuple[float, float]] = asyncio.get_running_loop().create_future()
-        self._waiting[turn_id] = future
-        try:
-            return await asyncio.wait_for(future, timeout)
-        finally:
-            self._waiting.pop(turn_id, None)
-
-
-async def watch_ends(store: EventStore, after: Checkpoint, ends: Ends) -> None:
-    # Only turn.end rows leave Postgres: the client shares the node's event loop, and reading
-    # every event of every turn to find the ends cost it a third of the loop's time per turn.
-    async for event in store.subscribe(after, types=("turn.end",)):
-        if event.metadata.turn_id is not None:
-            ends.seen(event.metadata.turn_id)
-
-
 @dataclass(frozen=True)
 class Sample:
     turn_id: str
@@ -404,8 +371,8 @@ async def worker(
         match result:
             case Refused(code=code, message=message):
                 raise RuntimeError(f"the node refused a bench message: {code}: {message}")
-        ended, ended_wall = await ends.wait(result.turn_id, 60.0)
-        samples.append(Sample(result.turn_id, t0, t1, ended, wall, ended_wall))
+        seen = await ends.wait(result.turn_id, 60.0)
+        samples.append(Sample(result.turn_id, t0, t1, seen.at, wall, seen.wall))
         if n == 0:
             warm()
         n += 1
