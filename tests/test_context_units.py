@@ -7,6 +7,7 @@ must give the very view it left behind: that is what replaying a past turn relie
 
 from __future__ import annotations
 
+import gc
 import itertools
 from typing import Any, cast
 
@@ -22,6 +23,8 @@ from actors.context.assemble import (
     Pinned,
     assemble,
     digest_text,
+    render,
+    total,
 )
 from actors.context.compact import Digester, Prepared, digest_of, mechanical, prepare
 from actors.context.history import (
@@ -354,18 +357,40 @@ def test_dedupe_and_stub_replace_the_body_with_a_pointer() -> None:
                        'artifact_read("toolu_07")]')  # fmt: skip
 
 
-def test_marks_touch_only_tool_results_and_our_annotations_stay_in_the_log() -> None:
+def test_marks_touch_only_tool_results_and_entries_hold_the_wire_form() -> None:
     asked = user("t1", 0, "hi")
-    assert marked(asked, "stub", 300) is asked.content
-    annotated = entry("t1", 0, "assistant", [
-        {"type": "tool_use", "id": "c1", "name": "lookup", "input": {}, "invalid_json": "{"},
-    ])  # fmt: skip
-    assert marked(annotated, None, 300) == [
-        {"type": "tool_use", "id": "c1", "name": "lookup", "input": {}}
-    ]
-    assert annotated.content[0]["invalid_json"] == "{"
+    assert marked(asked, "stub", 300) == asked.content == {"type": "text", "text": "hi"}
+    blocks = [{"type": "tool_use", "id": "c1", "name": "lookup", "input": {}, "invalid_json": "{"}]
+    annotated = entry("t1", 0, "assistant", blocks)
+    wire_form = [{"type": "tool_use", "id": "c1", "name": "lookup", "input": {}}]
+    assert marked(annotated, None, 300) == annotated.content == wire_form
+    assert blocks[0]["invalid_json"] == "{"  # what the log holds is not changed
     assert entry("t1", 0, "tool_result", {"tool_use_id": "c"}).role == "tool"
     assert asked.obs_id is None and result("t1", 0, "c9", "r").obs_id == "c9"
+
+
+def test_history_state_gives_the_collector_nothing_to_walk() -> None:
+    history = History(entries=[e for i in range(3) for e in turn(i, size=50)])
+    assemble(PINNED, history, "next", [])
+    assert history._memo is not None
+    rendered = history._memo[3]
+    assert not any(gc.is_tracked(item) for item in history.entries)
+    assert not gc.is_tracked(rendered)
+    # decoded afresh on each read: a caller that changes what it got changes nothing held
+    first = rendered.messages()
+    first[0]["content"].clear()
+    assert render(history, 300).messages()[0]["content"]
+
+
+def test_the_ladders_check_between_rungs_costs_what_the_request_would() -> None:
+    digest = Digest(text="earlier", source="mechanical", through=5, turns=2, requests=("a",))
+    view = View(digest=digest, marks={"c1": "stub", "c2": "excerpt"})
+    history = History(entries=[e for i in range(1, 4) for e in turn(i, size=80)], view=view,
+                      notes=("likes tea",), last_error="The previous turn ended.")  # fmt: skip
+    steps = [{"role": "assistant", "content": [{"type": "text", "text": "thinking"}]}]
+    for transcript in ([], steps):
+        built = assemble(PINNED, history, "next", transcript, 20)
+        assert total(PINNED, history, "next", transcript, 20) == built.total
 
 
 def test_calibration_is_an_exponential_average_that_ignores_outliers() -> None:

@@ -27,10 +27,18 @@ from typing import Any
 
 import msgspec
 
-from actors.context.history import History, estimate, marked, text_tokens
+from actors.context.history import (
+    BYTES_PER_TOKEN,
+    History,
+    estimate,
+    marked_raw,
+    text_tokens,
+)
 from eventstore.catalogue import ContextSlot
 
 _BREAKPOINT = {"type": "ephemeral"}
+_ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
 DIGEST_HEADER = (
     "[Summary of the {turns} earlier turns of this conversation, compacted to fit the context "
     "window]"
@@ -89,8 +97,33 @@ def digest_text(history: History) -> str | None:
     return "\n\n".join(parts)
 
 
-def history_messages(history: History, keep_tokens: int) -> tuple[list[dict[str, Any]], int, int]:
-    """The digest and the entries as messages, with the digest's and the entries' tokens.
+class Rendered(msgspec.Struct, frozen=True, gc=False):
+    """A history rendered as messages, held as JSON (see :class:`Entry`: a session's actor keeps
+    it between turns, and decoded it would be objects for the collector to walk)."""
+
+    closed: bytes
+    """The messages before the last, as JSON array items joined by commas."""
+    role: str
+    """The last message's role ('' when there is none)."""
+    blocks: bytes
+    """The last message's blocks, joined by commas (a next entry of the same role joins it)."""
+    digest_tokens: int
+    tokens: int
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The messages, decoded: new objects on every call, the caller may change them."""
+        if not self.role:
+            return []
+        last = b'{"role":"%s","content":[%s]}' % (self.role.encode(), self.blocks)
+        items = self.closed + b"," + last if self.closed else last
+        messages: list[dict[str, Any]] = _DECODE(b"[" + items + b"]")
+        return messages
+
+
+def render(history: History, keep_tokens: int) -> Rendered:
+    """The digest and the entries as messages (tool results under their marks). Consecutive
+    entries of one role share a message (the API would merge them; merging here keeps tool
+    results first in a user message).
 
     Memoised on the history: every step of a turn reads the same history unless a stage ran,
     and a warm session's next turn only adds its predecessor's entries (entries are appended,
@@ -99,25 +132,36 @@ def history_messages(history: History, keep_tokens: int) -> tuple[list[dict[str,
     memo = history._memo
     view, entries = history.view, history.entries
     if memo is not None and memo[1] is view and memo[2] == keep_tokens and memo[0] <= len(entries):
-        done, (cached, digest_tokens, tokens) = memo[0], memo[3]
+        done, rendered = memo[0], memo[3]
         if done == len(entries):
-            return cached, digest_tokens, tokens
-        messages = list(cached)
+            return rendered  # type: ignore[no-any-return]
+        closed, role = rendered.closed, rendered.role
+        blocks = [rendered.blocks] if rendered.blocks else []
+        digest_tokens, tokens = rendered.digest_tokens, rendered.tokens
     else:
-        done, messages, tokens, digest_tokens = 0, [], 0, 0
+        done, closed, role, blocks, tokens, digest_tokens = 0, b"", "", [], 0, 0
         text = digest_text(history)
         if text is not None:
-            messages.append({"role": "user", "content": [{"type": "text", "text": text}]})
+            role, blocks = "user", [_ENCODE({"type": "text", "text": text})]
             digest_tokens = text_tokens(text)
+    parts = [closed] if closed else []
     marks = view.marks
     for item in entries[done:]:
-        mark = marks.get(item.obs_id) if item.role == "tool" else None  # type: ignore[arg-type]
-        content = marked(item, mark, keep_tokens)
-        tokens += item.tokens if mark is None else estimate(content)
-        _append(messages, "assistant" if item.role == "assistant" else "user",
-                content if isinstance(content, list) else [content])  # fmt: skip
-    history._memo = (len(entries), view, keep_tokens, (messages, digest_tokens, tokens))
-    return messages, digest_tokens, tokens
+        mark = marks.get(item.obs_id) if item.obs_id is not None else None
+        raw = marked_raw(item, mark, keep_tokens)
+        tokens += item.tokens if mark is None else max(1, len(raw) // BYTES_PER_TOKEN)
+        said = "assistant" if item.role == "assistant" else "user"
+        if raw[:1] == b"[":
+            raw = raw[1:-1]  # a list of blocks (an assistant's): its items join the message's
+        if said != role and role:
+            parts.append(b'{"role":"%s","content":[%s]}' % (role.encode(), b",".join(blocks)))
+            blocks = []
+        role = said
+        if raw:
+            blocks.append(raw)
+    rendered = Rendered(b",".join(parts), role, b",".join(blocks), digest_tokens, tokens)
+    history._memo = (len(entries), view, keep_tokens, rendered)
+    return rendered
 
 
 def _append(messages: list[dict[str, Any]], role: str, blocks: Iterable[Any]) -> None:
@@ -151,10 +195,8 @@ def assemble(
     for block, tokens in zip(pinned.system, pinned._tokens, strict=True):
         slot(block.label, tokens, True, block.text)
     stable = len(system)
-    if history.notes:
-        notes = "Your notes for this session (session_notes):\n" + "\n".join(
-            f"{i}. {n}" for i, n in enumerate(history.notes, 1)
-        )
+    notes = notes_text(history)
+    if notes is not None:
         system.append({"type": "text", "text": notes})
         slot("notes", text_tokens(notes), False, notes)
     if history.last_error:
@@ -165,27 +207,59 @@ def assemble(
         system[stable - 1] = {**system[stable - 1], "cache_control": _BREAKPOINT}
         breakpoints += 1
 
-    earlier, digest_tokens, history_tokens = history_messages(history, keep_tokens)
+    rendered = render(history, keep_tokens)
     if history.view.digest is not None:
-        slot("digest", digest_tokens, False, earlier[0]["content"][0]["text"])
-    slot("history", history_tokens, False)
-    messages = list(earlier)
+        slot("digest", rendered.digest_tokens, False, digest_text(history))
+    slot("history", rendered.tokens, False)
+    messages = rendered.messages()
     if messages and _mark_last(messages):
         breakpoints += 1
     _append(messages, "user", [{"type": "text", "text": text}])
     slot("input", text_tokens(text), True, text)
-    turn_tokens = 0
     for message in transcript:
         _append(messages, message["role"], message["content"])
-        turn_tokens += estimate(message["content"])
     if transcript:
-        slot("this turn", turn_tokens, False)
+        slot("this turn", turn_tokens(transcript), False)
     if _mark_last(messages):
         breakpoints += 1
     total = sum(s.tokens for s in slots)
     return Assembly(system=system, messages=messages, slots=slots, texts=texts, total=total,
-                    compactable=digest_tokens + history_tokens,
+                    compactable=rendered.digest_tokens + rendered.tokens,
                     breakpoints=breakpoints)  # fmt: skip
+
+
+def total(
+    pinned: Pinned,
+    history: History,
+    text: str,
+    transcript: Sequence[dict[str, Any]],
+    keep_tokens: int = 300,
+) -> int:
+    """``assemble(...).total`` without building the request: what the ladder checks after each
+    rung (the request itself is built once, when the ladder is done)."""
+    rendered = render(history, keep_tokens)
+    notes = notes_text(history)
+    return (
+        pinned._tools_tokens
+        + sum(pinned._tokens)
+        + (text_tokens(notes) if notes is not None else 0)
+        + (text_tokens(history.last_error) if history.last_error else 0)
+        + rendered.digest_tokens
+        + rendered.tokens
+        + text_tokens(text)
+        + turn_tokens(transcript)
+    )
+
+
+def notes_text(history: History) -> str | None:
+    if not history.notes:
+        return None
+    listed = "\n".join(f"{i}. {n}" for i, n in enumerate(history.notes, 1))
+    return "Your notes for this session (session_notes):\n" + listed
+
+
+def turn_tokens(transcript: Sequence[dict[str, Any]]) -> int:
+    return sum(estimate(message["content"]) for message in transcript)
 
 
 def _mark_last(messages: list[dict[str, Any]]) -> bool:

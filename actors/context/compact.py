@@ -15,7 +15,7 @@ from typing import Any, Literal
 import structlog
 
 from actors.context import ladder
-from actors.context.assemble import Assembly, Pinned, assemble
+from actors.context.assemble import Assembly, Pinned, assemble, total
 from actors.context.history import Digest, Entry, History, View, slim
 from actors.context.policy import STAGES, ContextPolicy
 from actors.model import Completed, Model, ModelError, ModelRequest, TextDelta
@@ -168,12 +168,15 @@ async def prepare(
             event = await _run(name, history, policy, need, digester)
             if not event["changed"]:
                 continue  # nothing of its kind to compact: the next rung may have something
-            assembly = assemble(pinned, history, text, transcript, policy.excerpt_keep)
-            tokens = math.ceil(assembly.total * ratio)
+            tokens = math.ceil(
+                total(pinned, history, text, transcript, policy.excerpt_keep) * ratio
+            )
             events.append(CompactionStage(**{**event, "stage": name, "before": before,
                                              "after": tokens}))  # fmt: skip
         if source == "reported":
             source = "corrected"  # the count was of the request before compaction
+        if events:
+            assembly = assemble(pinned, history, text, transcript, policy.excerpt_keep)
     events.append(ContextPressure(fraction=round(tokens / budget, 4), tokens=tokens,
                                   budget=budget, source=source, peak=peak))  # fmt: skip
     return Prepared(assembly, events, tokens, over=tokens > budget)

@@ -17,6 +17,7 @@ import msgspec
 Role = Literal["user", "assistant", "tool"]
 Mark = Literal["excerpt", "dedupe", "stub"]
 _ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
 BYTES_PER_TOKEN = 4
 
 
@@ -30,34 +31,48 @@ def text_tokens(text: str) -> int:
     return max(1, len(text.encode()) // BYTES_PER_TOKEN)
 
 
-class Entry(msgspec.Struct, frozen=True):
-    """One stored history row: the person's input, an assistant message, or a tool result."""
+class Entry(msgspec.Struct, frozen=True, gc=False):
+    """One stored history row: the person's input, an assistant message, or a tool result.
+
+    Held as its JSON, not as decoded blocks: a node keeps up to ``DISPACH_MAX_SESSIONS``
+    sessions' histories in memory between turns, and every decoded block is a dict or list the
+    garbage collector walks in each full collection, a pause of the whole event loop (about five
+    tracked objects per entry; 140 ms at 1,024 sessions of 40 turns). An entry is bytes, ints and
+    strings: nothing to walk (``gc=False``: it can hold no reference cycle)."""
 
     turn_id: str
     start: int
     """The log position of its turn's ``turn.start``: turns are ordered by it."""
     role: Role
-    content: Any
-    """user: one text block; assistant: the list of blocks the model sent; tool: one
-    ``tool_result`` block."""
+    raw: bytes
+    """Its content in the form the API accepts (see :func:`wire`), as JSON. user: one text
+    block; assistant: the list of blocks the model sent; tool: one ``tool_result`` block."""
     tokens: int
+    obs_id: str | None = None
+    """The tool_use id a tool result answers (None for other roles)."""
 
     @property
-    def obs_id(self) -> str | None:
-        return self.content.get("tool_use_id") if self.role == "tool" else None
+    def content(self) -> Any:
+        """The content, decoded (a new object on each read: change it freely)."""
+        return _DECODE(self.raw)
 
 
 def entry(turn_id: str, start: int, role: str, content: Any) -> Entry:
     role = role if role in ("user", "assistant") else "tool"
-    return Entry(turn_id, start, role, content, estimate(wire(content)))  # type: ignore[arg-type]
+    raw = _ENCODE(wire(content))
+    obs_id = content.get("tool_use_id") if role == "tool" else None
+    return Entry(turn_id, start, role, raw, max(1, len(raw) // BYTES_PER_TOKEN), obs_id)  # type: ignore[arg-type]
 
 
 def slim(item: Entry) -> Entry:
     """``item`` without the body of its tool result, for one the view shows as a stub or as
     superseded (never shown again; ``artifact_read`` reads it from the log). Keeps its tokens."""
-    if item.role != "tool" or not item.content.get("content"):
+    if item.role != "tool":
         return item
-    return msgspec.structs.replace(item, content={**item.content, "content": ""})
+    content = item.content
+    if not content.get("content"):
+        return item
+    return msgspec.structs.replace(item, raw=_ENCODE({**content, "content": ""}))
 
 
 def wire(content: Any) -> Any:
@@ -131,7 +146,7 @@ class History:
 def marked(entry: Entry, mark: Mark | None, keep_tokens: int) -> Any:
     """The wire form of ``entry`` under ``mark``: a tool result excerpted (head and tail kept),
     superseded, or stubbed, each pointing at the whole body with ``artifact_read``."""
-    content = wire(entry.content)
+    content = entry.content
     if mark is None or entry.role != "tool":
         return content
     body = content.get("content")
@@ -153,6 +168,13 @@ def marked(entry: Entry, mark: Mark | None, keep_tokens: int) -> Any:
             shown = (f"[compacted tool result of {entry.tokens} tokens; read it in full with "
                      f"{ref}]")  # fmt: skip
     return {**content, "content": shown}
+
+
+def marked_raw(entry: Entry, mark: Mark | None, keep_tokens: int) -> bytes:
+    """:func:`marked` as JSON (the entry's own bytes when the mark does not change it)."""
+    if mark is None or entry.role != "tool":
+        return entry.raw
+    return _ENCODE(marked(entry, mark, keep_tokens))
 
 
 def after_stage(view: View, stage: str, ids: list[str], digest: Digest | None,
