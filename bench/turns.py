@@ -99,6 +99,9 @@ tools: [calculator]
 """
 CONCURRENCY = (1, 16, 128)
 STEP_OVERHEAD_AT = (1, 16)
+PACED_SESSIONS = 16
+PACED_AT = 0.5
+"""The open-loop run: this share of the phase's best closed-loop rate, over 16 sessions."""
 PROFILE_AT = 16
 
 
@@ -341,6 +344,10 @@ def usage(a: Snapshot, b: Snapshot, turns: int) -> Usage:
     )
 
 
+def paced_key(phase: Phase) -> str:
+    return f"{phase.key} paced"
+
+
 # --- the client: closed-loop sessions ------------------------------------------------------------
 
 
@@ -388,6 +395,12 @@ class Run:
     window: float
     usage: Usage
     after: Checkpoint
+    paced: bool = False
+    """An open-loop run (run_paced), not a closed loop."""
+
+    @property
+    def name(self) -> str:
+        return f"{self.phase.key} x{self.sessions}" + (" paced" if self.paced else "")
 
     @property
     def rate(self) -> float:
@@ -439,6 +452,68 @@ async def run_load(
         if isinstance(outcome, BaseException):
             raise outcome
     return Run(phase, sessions, inside, end_at - start_at, usage(before, end, len(inside)), after)
+
+
+async def run_paced(
+    node: Node, ends: Ends, monitor: Monitor, phase: Phase, sessions: int, per_second: float,
+    plan: Plan, label: str,
+) -> Run:  # fmt: skip
+    """Open loop: messages arrive at ``per_second`` whatever the node does, round robin over
+    ``sessions`` session keys. A closed loop at saturation measures the queue the bench itself
+    builds (each worker's next submit waits for its previous end: latency = sessions / rate);
+    paced below saturation, the figures are the node's own latency under that load."""
+    store = node.store
+    assert store is not None and node.nc is not None
+    nc = node.nc
+    after = await asyncio.to_thread(store.head)
+    samples: list[Sample] = []
+    inflight: set[asyncio.Task[None]] = set()
+    failures: list[BaseException] = []
+
+    async def one(i: int) -> None:
+        cycle = i // (sessions * plan.turns_per_session)
+        session = f"bench:{label}:{i % sessions}:{cycle}"
+        wall, t0 = time.time(), perf()
+        result = await submit(nc, AGENT, IngressMessage(text=phase.text, session_key=session))
+        t1 = perf()
+        match result:
+            case Refused(code=code, message=message):
+                raise RuntimeError(f"the node refused a bench message: {code}: {message}")
+        seen = await ends.wait(result.turn_id, 60.0)
+        samples.append(Sample(result.turn_id, t0, t1, seen.at, wall, seen.wall))
+
+    def done(task: asyncio.Task[None]) -> None:
+        inflight.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            failures.append(task.exception())  # type: ignore[arg-type]
+
+    marks: list[Snapshot] = []
+
+    async def measure() -> None:
+        await asyncio.sleep(plan.warmup)
+        marks.append(await asyncio.to_thread(monitor.snapshot))
+        await asyncio.sleep(plan.window)
+        marks.append(await asyncio.to_thread(monitor.snapshot))
+
+    measuring = asyncio.create_task(measure())
+    started, i = perf(), 0
+    while not measuring.done() and not failures:
+        delay = started + i / per_second - perf()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(i))
+        inflight.add(task)
+        task.add_done_callback(done)
+        i += 1
+    await measuring
+    if inflight:
+        await asyncio.wait(inflight)
+    if failures:
+        raise failures[0]
+    before, end = marks
+    inside = [s for s in samples if before.at <= s.ended < end.at]
+    return Run(phase, sessions, inside, end.at - before.at, usage(before, end, len(inside)), after,
+               paced=True)  # fmt: skip
 
 
 # --- per-turn analysis, from the turns' own events -----------------------------------------------
@@ -689,7 +764,7 @@ def cpu_of(family: str) -> Callable[[Usage], float]:
 
 
 def print_usage(runs: Sequence[Run]) -> None:
-    header = ["per turn", *[f"{r.phase.key} x{r.sessions}" for r in runs]]
+    header = ["per turn", *[r.name for r in runs]]
 
     def row(name: str, get: Callable[[Usage], float | None], fmt: str = "{:.2f}") -> list[str]:
         values = [get(r.usage) for r in runs]
@@ -791,13 +866,24 @@ def result_lines(
                               pct(lat, 50), base_p50, ms))  # fmt: skip
             lines.append(line(f"{phase.key}: turn latency p99, {sessions} sessions",
                               pct(lat, 99), base_p99, ms))  # fmt: skip
-        for sessions in STEP_OVERHEAD_AT:
-            a = analyses[(phase.key, sessions)]
-            lines.append(line(f"{phase.key}: per-step overhead p50, {sessions} sessions",
-                              pct(a.overhead, 50), base_p50, ms,
-                              Goal("<= 2.00 ms", lambda o, b: o <= 0.002)))  # fmt: skip
-            lines.append(line(f"{phase.key}: per-step overhead p99, {sessions} sessions",
+        step_goal = Goal("<= 2.00 ms", lambda o, b: o <= 0.002)
+        paced = runs[(paced_key(phase), PACED_SESSIONS)]
+        for sessions, a, how in (
+            (1, analyses[(phase.key, 1)], ""),
+            (16, analyses[(phase.key, 16)], " (closed loop, saturated: queueing)"),
+            (PACED_SESSIONS, analyses[(paced_key(phase), PACED_SESSIONS)],
+             f", paced at {rate(paced.rate)} (open loop)"),
+        ):  # fmt: skip
+            goal = None if "saturated" in how else step_goal
+            lines.append(line(f"{phase.key}: per-step overhead p50, {sessions} sessions{how}",
+                              pct(a.overhead, 50), base_p50, ms, goal))  # fmt: skip
+            lines.append(line(f"{phase.key}: per-step overhead p99, {sessions} sessions{how}",
                               pct(a.overhead, 99), base_p99, ms))  # fmt: skip
+        lat = [s.latency for s in paced.samples]
+        for q in (50, 99):
+            lines.append(line(f"{phase.key}: turn latency p{q}, {PACED_SESSIONS} sessions, paced "
+                              f"at {rate(paced.rate)} (open loop)", pct(lat, q),
+                              base_p50 if q == 50 else base_p99, ms))  # fmt: skip
         for sessions in CONCURRENCY:
             u = runs[(phase.key, sessions)].usage
             server = u.process_cpu + (u.pg_cpu or 0.0) + (u.nats_cpu or 0.0)
@@ -869,6 +955,13 @@ async def bench(
                                      f"{phase.key}{sessions}")  # fmt: skip
                 runs[(phase.key, sessions)] = run
                 print_run(run)
+            best = max(runs[(phase.key, n)].rate for n in CONCURRENCY)
+            paced = await run_paced(node, ends, monitor, phase, PACED_SESSIONS, best * PACED_AT,
+                                    plan, f"{phase.key}paced")  # fmt: skip
+            runs[(paced_key(phase), PACED_SESSIONS)] = paced
+            print(f"open loop, paced at {PACED_AT:.0%} of the best closed-loop rate "
+                  f"({rate(best * PACED_AT)}):")  # fmt: skip
+            print_run(paced)
             model_time[phase.key] = statistics.median(timed.samples) if timed.samples else 0.0
             print(
                 f"model's own time per call (TimedModel, {len(timed.samples)} calls): p50 "
@@ -885,7 +978,7 @@ async def bench(
         analyses: dict[tuple[str, int], Analysis] = {}
         for key, run in runs.items():
             log = await turn_facts(store, run.after, {s.turn_id for s in run.samples})
-            analyses[key] = analyse(run, log, model_time[key[0]])
+            analyses[key] = analyse(run, log, model_time[run.phase.key])
         print_analyses(analyses)
 
         section("cost per turn (deltas over each window / turns that ended in it)")
