@@ -124,6 +124,16 @@ class _LoopInbox:
     def empty(self) -> bool:
         return not self._items
 
+    def close(self) -> None:
+        """The actor has stopped: a late ``put`` no longer wakes it. This also lets go of the
+        actor (``wake`` is its bound method), so a stopped actor is freed by its reference
+        count, not left as a cycle for a full collection to find."""
+        self._wake = _ignore
+
+
+def _ignore() -> None:
+    return None
+
 
 class LoopActor(pykka.Actor):
     """A pykka actor that handles its messages on the event loop, without a thread of its own.
@@ -179,3 +189,4 @@ class LoopActor(pykka.Actor):
                         self._handle_failure(*sys.exc_info())
         if self.actor_stopped.is_set():
             self._actor_loop_teardown()
+            inbox.close()

@@ -14,6 +14,7 @@ class ActorHost:
     def __init__(self) -> None:
         self._refs: list[pykka.ActorRef[Any]] = []
         self._prune_at = 64
+        """The list's length at which stopped actors are forgotten."""
         self.stopping = False
 
     def start(
@@ -25,8 +26,11 @@ class ActorHost:
         self._refs.append(ref)
         if len(self._refs) >= self._prune_at:
             # A turn starts an actor: forget the stopped ones, or the list grows by one per turn.
+            # At most 64 stopped ones are held (each holds its actor, through its inbox, and
+            # all the actor kept: at twice the live count, a node with a thousand live
+            # sessions held up to a thousand finished turns).
             self._refs = [r for r in self._refs if r.is_alive()]
-            self._prune_at = max(64, 2 * len(self._refs))
+            self._prune_at = len(self._refs) + 64
         return ref
 
     @property

@@ -100,8 +100,8 @@ tools: [calculator]
 CONCURRENCY = (1, 16, 128)
 STEP_OVERHEAD_AT = (1, 16)
 PACED_SESSIONS = 16
-PACED_AT = 0.5
-"""The open-loop run: this share of the phase's best closed-loop rate, over 16 sessions."""
+PACED_AT = (0.25, 0.5)
+"""The open-loop runs: these shares of the phase's best closed-loop rate, over 16 sessions."""
 PROFILE_AT = 16
 
 
@@ -344,8 +344,8 @@ def usage(a: Snapshot, b: Snapshot, turns: int) -> Usage:
     )
 
 
-def paced_key(phase: Phase) -> str:
-    return f"{phase.key} paced"
+def paced_key(phase: Phase, share: float) -> str:
+    return f"{phase.key} paced {share:.0%}"
 
 
 # --- the client: closed-loop sessions ------------------------------------------------------------
@@ -395,12 +395,12 @@ class Run:
     window: float
     usage: Usage
     after: Checkpoint
-    paced: bool = False
-    """An open-loop run (run_paced), not a closed loop."""
+    paced: str = ""
+    """For an open-loop run (run_paced), not a closed loop: its pace."""
 
     @property
     def name(self) -> str:
-        return f"{self.phase.key} x{self.sessions}" + (" paced" if self.paced else "")
+        return f"{self.phase.key} x{self.sessions}" + (f", {self.paced}" if self.paced else "")
 
     @property
     def rate(self) -> float:
@@ -513,7 +513,7 @@ async def run_paced(
     before, end = marks
     inside = [s for s in samples if before.at <= s.ended < end.at]
     return Run(phase, sessions, inside, end.at - before.at, usage(before, end, len(inside)), after,
-               paced=True)  # fmt: skip
+               paced=f"paced {per_second:.0f}/s")  # fmt: skip
 
 
 # --- per-turn analysis, from the turns' own events -----------------------------------------------
@@ -867,23 +867,27 @@ def result_lines(
             lines.append(line(f"{phase.key}: turn latency p99, {sessions} sessions",
                               pct(lat, 99), base_p99, ms))  # fmt: skip
         step_goal = Goal("<= 2.00 ms", lambda o, b: o <= 0.002)
-        paced = runs[(paced_key(phase), PACED_SESSIONS)]
-        for sessions, a, how in (
+        rows = [
             (1, analyses[(phase.key, 1)], ""),
             (16, analyses[(phase.key, 16)], " (closed loop, saturated: queueing)"),
-            (PACED_SESSIONS, analyses[(paced_key(phase), PACED_SESSIONS)],
-             f", paced at {rate(paced.rate)} (open loop)"),
-        ):  # fmt: skip
+        ]
+        for share in PACED_AT:
+            paced = runs[(paced_key(phase, share), PACED_SESSIONS)]
+            rows.append((PACED_SESSIONS, analyses[(paced_key(phase, share), PACED_SESSIONS)],
+                         f", paced at {rate(paced.rate)} (open loop, {share:.0%})"))  # fmt: skip
+        for sessions, a, how in rows:
             goal = None if "saturated" in how else step_goal
             lines.append(line(f"{phase.key}: per-step overhead p50, {sessions} sessions{how}",
                               pct(a.overhead, 50), base_p50, ms, goal))  # fmt: skip
             lines.append(line(f"{phase.key}: per-step overhead p99, {sessions} sessions{how}",
                               pct(a.overhead, 99), base_p99, ms))  # fmt: skip
-        lat = [s.latency for s in paced.samples]
-        for q in (50, 99):
-            lines.append(line(f"{phase.key}: turn latency p{q}, {PACED_SESSIONS} sessions, paced "
-                              f"at {rate(paced.rate)} (open loop)", pct(lat, q),
-                              base_p50 if q == 50 else base_p99, ms))  # fmt: skip
+        for share in PACED_AT:
+            paced = runs[(paced_key(phase, share), PACED_SESSIONS)]
+            lat = [s.latency for s in paced.samples]
+            for q in (50, 99):
+                lines.append(line(f"{phase.key}: turn latency p{q}, {PACED_SESSIONS} sessions, "
+                                  f"paced at {rate(paced.rate)} (open loop, {share:.0%})",
+                                  pct(lat, q), base_p50 if q == 50 else base_p99, ms))  # fmt: skip
         for sessions in CONCURRENCY:
             u = runs[(phase.key, sessions)].usage
             server = u.process_cpu + (u.pg_cpu or 0.0) + (u.nats_cpu or 0.0)
@@ -956,12 +960,13 @@ async def bench(
                 runs[(phase.key, sessions)] = run
                 print_run(run)
             best = max(runs[(phase.key, n)].rate for n in CONCURRENCY)
-            paced = await run_paced(node, ends, monitor, phase, PACED_SESSIONS, best * PACED_AT,
-                                    plan, f"{phase.key}paced")  # fmt: skip
-            runs[(paced_key(phase), PACED_SESSIONS)] = paced
-            print(f"open loop, paced at {PACED_AT:.0%} of the best closed-loop rate "
-                  f"({rate(best * PACED_AT)}):")  # fmt: skip
-            print_run(paced)
+            for share in PACED_AT:
+                paced = await run_paced(node, ends, monitor, phase, PACED_SESSIONS, best * share,
+                                        plan, f"{phase.key}paced{share * 100:.0f}")  # fmt: skip
+                runs[(paced_key(phase, share), PACED_SESSIONS)] = paced
+                print(f"open loop, paced at {share:.0%} of the best closed-loop rate "
+                      f"({rate(best * share)}):")  # fmt: skip
+                print_run(paced)
             model_time[phase.key] = statistics.median(timed.samples) if timed.samples else 0.0
             print(
                 f"model's own time per call (TimedModel, {len(timed.samples)} calls): p50 "

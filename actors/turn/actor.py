@@ -88,8 +88,11 @@ class TurnActor(LoopActor):
             case TurnFinished() as finished:
                 self._on_finished(finished)
                 # The session has what it keeps of the turn; a stopped actor's ref may outlive
-                # it (the host prunes now and then), its runner and history must not.
+                # it (the host prunes now and then), its runner and history must not. Nor its
+                # task and future: the future keeps its callbacks (our bound ``_done``), a cycle
+                # only a full collection would free.
                 self._runner = None
+                self._future = self._task = None
                 self.stop()
         return None
 
