@@ -13,7 +13,7 @@ import concurrent.futures
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pykka
 import structlog
@@ -171,7 +171,7 @@ class LoopActor(pykka.Actor):
         """Handle what is in the inbox (pykka's ``_actor_loop_running``, one pass)."""
         if not self._begun:
             return  # on_start runs first; _begin drains what arrived meanwhile
-        inbox = self.actor_inbox
+        inbox = cast(_LoopInbox, self.actor_inbox)  # made by _create_actor_inbox
         while not self.actor_stopped.is_set() and not inbox.empty():
             envelope = inbox.get()
             try:
