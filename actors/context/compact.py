@@ -46,7 +46,7 @@ class Digester:
         self.max_tokens = max_tokens
 
     async def __call__(
-        self, previous: Digest | None, covered: list[Entry], dropped: Sequence[str] = ()
+        self, previous: Digest | None, covered: Sequence[Entry], dropped: Sequence[str] = ()
     ) -> tuple[str, Literal["model", "mechanical"], str | None]:
         """The digest's text, where it came from, and why a configured model was not used.
         ``dropped``: earlier requests of the person no longer listed verbatim."""
@@ -62,7 +62,7 @@ class Digester:
             return mechanical(previous, covered, dropped), "mechanical", fallback
         return text.strip()[:_DIGEST_MAX_CHARS], "model", None
 
-    async def _ask(self, previous: Digest | None, covered: list[Entry],
+    async def _ask(self, previous: Digest | None, covered: Sequence[Entry],
                    dropped: Sequence[str]) -> str:  # fmt: skip
         assert self.model is not None
         body = ladder.render(covered)
@@ -89,7 +89,9 @@ class Digester:
 _ASK = "If something important from then is missing, ask the person."
 
 
-def mechanical(previous: Digest | None, covered: list[Entry], dropped: Sequence[str] = ()) -> str:
+def mechanical(
+    previous: Digest | None, covered: Sequence[Entry], dropped: Sequence[str] = ()
+) -> str:
     """A digest written without a model: what the turns contained, and where to read more."""
     count = len(ladder.turns(covered))
     asked = len(ladder.requests(covered))

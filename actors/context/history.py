@@ -9,6 +9,7 @@ turn until the next compaction (which is what prompt caching needs).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -112,7 +113,10 @@ class History:
     """What the next turn of a session reads besides its own input: held by the session's actor
     between turns, rebuilt from the session's snapshot when the actor is activated."""
 
-    entries: list[Entry] = field(default_factory=list)
+    entries: Sequence[Entry] = ()
+    """A tuple while a session's actor holds it between turns: a tuple of untracked entries is
+    itself untracked by the collector after its first pass (a list would be walked, entry by
+    entry, in every full collection); a turn's copy may be a list."""
     view: View = field(default_factory=View)
     notes: tuple[str, ...] = ()
     last_error: str | None = None

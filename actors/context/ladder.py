@@ -9,7 +9,7 @@ without one, and the prefix the provider cached stays valid until the next.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from actors.context.history import Entry, History, Mark, View, estimate, marked, text_tokens
@@ -104,7 +104,7 @@ def stub(history: History, policy: ContextPolicy, need: int) -> tuple[View, list
     return _mark(history, policy, need, "stub")
 
 
-def turns(entries: list[Entry]) -> list[int]:
+def turns(entries: Sequence[Entry]) -> list[int]:
     """The ``turn.start`` positions of the turns in ``entries``, oldest first."""
     starts: list[int] = []
     for item in entries:
@@ -113,7 +113,7 @@ def turns(entries: list[Entry]) -> list[int]:
     return starts
 
 
-def split(entries: list[Entry], keep_turns: int) -> int:
+def split(entries: Sequence[Entry], keep_turns: int) -> int:
     """How many of ``entries`` (oldest first) a digest that keeps the newest ``keep_turns``
     turns verbatim covers (0: nothing to cover)."""
     starts = turns(entries)
@@ -125,7 +125,7 @@ def split(entries: list[Entry], keep_turns: int) -> int:
     return next(i for i, e in enumerate(entries) if e.start >= first_kept)
 
 
-def requests(entries: list[Entry]) -> list[str]:
+def requests(entries: Sequence[Entry]) -> list[str]:
     """The person's requests among ``entries``, verbatim."""
     found = []
     for item in entries:
@@ -145,7 +145,7 @@ def over_share(listed: list[str], share: int) -> int:
     return cut
 
 
-def tools_used(entries: list[Entry]) -> dict[str, list[str]]:
+def tools_used(entries: Sequence[Entry]) -> dict[str, list[str]]:
     """Tool name -> the call ids, in ``entries``."""
     used: dict[str, list[str]] = {}
     for item in entries:
@@ -156,7 +156,7 @@ def tools_used(entries: list[Entry]) -> dict[str, list[str]]:
     return used
 
 
-def render(entries: list[Entry], limit: int = 60_000) -> str:
+def render(entries: Sequence[Entry], limit: int = 60_000) -> str:
     """The covered turns as plain text for a compactor model (tool results cut short)."""
     lines: list[str] = []
     for item in entries:

@@ -270,7 +270,7 @@ class TurnRunner:
 
     async def _after(self, history: History, end: End) -> History:
         """The session's history for its next turn: this turn's rows added, its end noted."""
-        history.entries.extend(self._entries)
+        history.entries = (*history.entries, *self._entries)
         error = end.error
         history.last_error = context_load.last_error_line(
             end.reason, error.code if error else None, error.message if error else None
