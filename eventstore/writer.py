@@ -50,6 +50,21 @@ _RECONNECT_DEADLINE_S = 30.0
 _STOP = object()
 
 
+class _Row(msgspec.Struct):
+    """One event of a batch as the append statement reads it (sql/append.sql)."""
+
+    stream_id: str
+    expected: int
+    ord: int
+    event_id: uuid.UUID
+    type: str
+    data: msgspec.Raw
+    metadata: msgspec.Raw
+
+
+_ROWS = msgspec.json.Encoder()
+
+
 OnCommit = Callable[[Sequence[RecordedEvent]], None]
 
 
@@ -292,29 +307,13 @@ class GroupCommitWriter:
         return outcomes, committed, again
 
     def _insert(self, cur: psycopg.Cursor[Any], commands: list[Command]) -> dict[uuid.UUID, Any]:
-        columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
-        streams, expected, ords, ids, types, datas, metas = columns
-        for command in commands:
-            for order, new in enumerate(command.events):
-                streams.append(command.stream)
-                expected.append(command.expected)
-                ords.append(order)
-                ids.append(new.event_id)
-                types.append(type_name(new.event))
-                datas.append(encode_data(new.event).decode())
-                metas.append(_META.encode(new.metadata).decode())
-        cur.execute(
-            load("append").encode(),
-            {
-                "streams": streams,
-                "expected": expected,
-                "ords": ords,
-                "ids": ids,
-                "types": types,
-                "datas": datas,
-                "metas": metas,
-            },
-        )
+        rows = [
+            _Row(command.stream, command.expected, order, new.event_id, type_name(new.event),
+                 msgspec.Raw(encode_data(new.event)), msgspec.Raw(_META.encode(new.metadata)))
+            for command in commands
+            for order, new in enumerate(command.events)
+        ]  # fmt: skip
+        cur.execute(load("append").encode(), {"rows": _ROWS.encode(rows).decode()})
         return {row[0]: row[1:] for row in cur.fetchall()}
 
     def _explain(

@@ -1,13 +1,16 @@
 -- Insert a batch of commands in one statement; each input row is one event, `ord` its place in
--- its command. All rows of a command see the same head (the statement's snapshot), so a command
--- is inserted whole or not at all: not when its expected version is not the head (a conflict,
--- which the writer then explains). Heads are read without a lock: if another transaction appends
--- to one of these streams (or already stored one of these event ids), a unique index refuses the
--- insert and the writer decides the batch again, carefully, against what was committed.
+-- its command. The rows come as one JSON array (one parameter: cheaper to send than seven
+-- arrays, whose adaptation was a fifth of the writer's CPU per transaction). All rows of a
+-- command see the same head (the statement's snapshot), so a command is inserted whole or not at
+-- all: not when its expected version is not the head (a conflict, which the writer then
+-- explains). Heads are read without a lock: if another transaction appends to one of these
+-- streams (or already stored one of these event ids), a unique index refuses the insert and the
+-- writer decides the batch again, carefully, against what was committed.
 INSERT INTO events (stream_id, stream_version, event_id, type, data, metadata)
 SELECT i.stream_id, h.head + 1 + i.ord, i.event_id, i.type, i.data, i.metadata
-  FROM unnest(%(streams)b::text[], %(expected)b::bigint[], %(ords)b::int[], %(ids)b::uuid[],
-              %(types)b::text[], %(datas)b::text[]::jsonb[], %(metas)b::text[]::jsonb[])
+  FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb)
+                  AS (stream_id text, expected bigint, ord int, event_id uuid, type text,
+                      data jsonb, metadata jsonb))
        WITH ORDINALITY AS i(stream_id, expected, ord, event_id, type, data, metadata, n)
  CROSS JOIN LATERAL (
        SELECT coalesce((SELECT e.stream_version
