@@ -435,6 +435,29 @@ class Ended:
     wall: float
 
 
+class FullCollections:
+    """The collector's full (generation 2) collections, from gc.callbacks: the pause of each
+    (wall and thread CPU seconds) and the unreachable objects it found (and freed), also filed
+    by what the bench says it was doing (``where``)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float, int]] = []
+        self.where = "start"
+        self.by_where: dict[str, list[float]] = {}
+        """CPU seconds of each collection, by ``where``."""
+        self._started = (0.0, 0.0)
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = (perf(), time.thread_time())
+        else:
+            wall, cpu = self._started
+            self.pauses.append((perf() - wall, time.thread_time() - cpu, info.get("collected", 0)))
+            self.by_where.setdefault(self.where, []).append(self.pauses[-1][1])
+
+
 class Ends:
     """turn.end sightings, from one subscription, resolving the future of the waiting turn."""
 

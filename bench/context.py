@@ -46,6 +46,7 @@ from __future__ import annotations
 # First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
     Ends,
+    FullCollections,
     Goal,
     Line,
     busy_share,
@@ -236,30 +237,6 @@ async def turn(node: Node, ends: Ends, i: int, driven: Driven) -> None:
               f"p99 {ms(pct(recent, 99))}; ends {dict(driven.reasons)}", flush=True)  # fmt: skip
 
 
-class FullCollections:
-    """The pauses of the collector's full (generation 2) collections, from gc.callbacks."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[float, float, float]] = []
-        """(wall, CPU) seconds of each, and the unreachable objects it found (and freed)."""
-        self.where = "start"
-        """What the bench was doing (set by it): turns, sampling, or its O(history) reads."""
-        self.by_where: dict[str, list[float]] = {}
-        """CPU seconds of each collection, by what the bench was doing."""
-        self._started = (0.0, 0.0)
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if info.get("generation") != 2:
-            return
-        if phase == "start":
-            self._started = (perf(), time.thread_time())
-        else:
-            wall, cpu = self._started
-            found = float(info.get("collected", 0))
-            self.pauses.append((perf() - wall, time.thread_time() - cpu, found))
-            self.by_where.setdefault(self.where, []).append(self.pauses[-1][1])
-
-
 COLLECTIONS = FullCollections()
 
 
@@ -418,7 +395,7 @@ class Point:
     round_trip: Clock
     reported_tokens: int
     compactions: dict[str, tuple[int, int]]
-    collections: list[tuple[float, float, float]]
+    collections: list[tuple[float, float, int]]
     first_error: int | None
     tracked: Counter[str]
     """Objects the collector tracks at N (frozen ones aside), by type: what a full collection
@@ -427,7 +404,7 @@ class Point:
 
 async def checkpoint(node: Node, fake: Fake, plan: Plan, turns: int, history: History,
                      sampled: Sampled, samples: int, driven: Driven, busy: float, own: float,
-                     collections: list[tuple[float, float, float]]) -> Point:  # fmt: skip
+                     collections: list[tuple[float, float, int]]) -> Point:  # fmt: skip
     store, agent = node.store, node.agents[AGENT]
     assert store is not None
     policy, pinned = agent.context, agent.pinned

@@ -49,6 +49,7 @@ from __future__ import annotations
 # First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
     Ends,
+    FullCollections,
     Goal,
     Line,
     drop_schemas,
@@ -255,24 +256,6 @@ def show_growth(before: State, after: State, top: int = 10) -> None:
 
 
 # --- load with the loop's lag --------------------------------------------------------------------
-
-
-class FullCollections:
-    """The full collections of the collector, from gc.callbacks: the pause (wall, CPU seconds)
-    and the unreachable objects found (and freed) of each."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[float, float, int]] = []
-        self._started = (0.0, 0.0)
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if info.get("generation") != 2:
-            return
-        if phase == "start":
-            self._started = (perf(), time.thread_time())
-        else:
-            wall, cpu = self._started
-            self.pauses.append((perf() - wall, time.thread_time() - cpu, info.get("collected", 0)))
 
 
 @dataclass(frozen=True)

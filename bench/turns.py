@@ -80,6 +80,7 @@ from typing import Any
 
 import psycopg
 import structlog
+from nats.aio.client import Client
 
 from actors.messages import Refused
 from actors.model import ModelEvent, ModelRequest
@@ -365,6 +366,18 @@ class Sample:
         return self.ended - self.submitted
 
 
+async def one_turn(nc: Client, ends: Ends, phase: Phase, session: str) -> Sample:
+    """Submit one message over NATS and wait until its turn.end is seen."""
+    wall, t0 = time.time(), perf()
+    result = await submit(nc, AGENT, IngressMessage(text=phase.text, session_key=session))
+    t1 = perf()
+    match result:
+        case Refused(code=code, message=message):
+            raise RuntimeError(f"the node refused a bench message: {code}: {message}")
+    seen = await ends.wait(result.turn_id, 60.0)
+    return Sample(result.turn_id, t0, t1, seen.at, wall, seen.wall)
+
+
 async def worker(
     node: Node, ends: Ends, phase: Phase, label: str, index: int, plan: Plan,
     stop: asyncio.Event, samples: list[Sample], warm: Callable[[], None],
@@ -373,14 +386,7 @@ async def worker(
     n = 0
     while not stop.is_set():
         session = f"bench:{label}:{index}:{n // plan.turns_per_session}"
-        wall, t0 = time.time(), perf()
-        result = await submit(node.nc, AGENT, IngressMessage(text=phase.text, session_key=session))
-        t1 = perf()
-        match result:
-            case Refused(code=code, message=message):
-                raise RuntimeError(f"the node refused a bench message: {code}: {message}")
-        seen = await ends.wait(result.turn_id, 60.0)
-        samples.append(Sample(result.turn_id, t0, t1, seen.at, wall, seen.wall))
+        samples.append(await one_turn(node.nc, ends, phase, session))
         if n == 0:
             warm()
         n += 1
@@ -472,15 +478,7 @@ async def run_paced(
 
     async def one(i: int) -> None:
         cycle = i // (sessions * plan.turns_per_session)
-        session = f"bench:{label}:{i % sessions}:{cycle}"
-        wall, t0 = time.time(), perf()
-        result = await submit(nc, AGENT, IngressMessage(text=phase.text, session_key=session))
-        t1 = perf()
-        match result:
-            case Refused(code=code, message=message):
-                raise RuntimeError(f"the node refused a bench message: {code}: {message}")
-        seen = await ends.wait(result.turn_id, 60.0)
-        samples.append(Sample(result.turn_id, t0, t1, seen.at, wall, seen.wall))
+        samples.append(await one_turn(nc, ends, phase, f"bench:{label}:{i % sessions}:{cycle}"))
 
     def done(task: asyncio.Task[None]) -> None:
         inflight.discard(task)
