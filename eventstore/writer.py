@@ -42,7 +42,7 @@ from eventstore.versions import NO_STREAM
 
 log = structlog.get_logger("dispach.writer")
 
-_META = msgspec.json.Encoder()
+_JSON = msgspec.json.Encoder()
 _RETRIES = 5
 _RECONNECT_DEADLINE_S = 30.0
 
@@ -60,9 +60,6 @@ class _Row(msgspec.Struct):
     type: str
     data: msgspec.Raw
     metadata: msgspec.Raw
-
-
-_ROWS = msgspec.json.Encoder()
 
 
 OnCommit = Callable[[Sequence[RecordedEvent]], None]
@@ -309,11 +306,11 @@ class GroupCommitWriter:
     def _insert(self, cur: psycopg.Cursor[Any], commands: list[Command]) -> dict[uuid.UUID, Any]:
         rows = [
             _Row(command.stream, command.expected, order, new.event_id, type_name(new.event),
-                 msgspec.Raw(encode_data(new.event)), msgspec.Raw(_META.encode(new.metadata)))
+                 msgspec.Raw(encode_data(new.event)), msgspec.Raw(_JSON.encode(new.metadata)))
             for command in commands
             for order, new in enumerate(command.events)
         ]  # fmt: skip
-        cur.execute(load("append").encode(), {"rows": _ROWS.encode(rows).decode()})
+        cur.execute(load("append").encode(), {"rows": _JSON.encode(rows).decode()})
         return {row[0]: row[1:] for row in cur.fetchall()}
 
     def _explain(

@@ -27,13 +27,7 @@ from typing import Any
 
 import msgspec
 
-from actors.context.history import (
-    BYTES_PER_TOKEN,
-    History,
-    estimate,
-    marked_raw,
-    text_tokens,
-)
+from actors.context.history import History, estimate, json_tokens, marked_raw, text_tokens
 from eventstore.catalogue import ContextSlot
 
 _BREAKPOINT = {"type": "ephemeral"}
@@ -107,6 +101,8 @@ class Rendered(msgspec.Struct, frozen=True, gc=False):
     """The last message's role ('' when there is none)."""
     blocks: bytes
     """The last message's blocks, joined by commas (a next entry of the same role joins it)."""
+    digest: str | None
+    """The digest block's text (None without a digest)."""
     digest_tokens: int
     tokens: int
 
@@ -137,19 +133,19 @@ def render(history: History, keep_tokens: int) -> Rendered:
             return rendered  # type: ignore[no-any-return]
         closed, role = rendered.closed, rendered.role
         blocks = [rendered.blocks] if rendered.blocks else []
-        digest_tokens, tokens = rendered.digest_tokens, rendered.tokens
+        digest, digest_tokens, tokens = rendered.digest, rendered.digest_tokens, rendered.tokens
     else:
         done, closed, role, blocks, tokens, digest_tokens = 0, b"", "", [], 0, 0
-        text = digest_text(history)
-        if text is not None:
-            role, blocks = "user", [_ENCODE({"type": "text", "text": text})]
-            digest_tokens = text_tokens(text)
+        digest = digest_text(history)
+        if digest is not None:
+            role, blocks = "user", [_ENCODE({"type": "text", "text": digest})]
+            digest_tokens = text_tokens(digest)
     parts = [closed] if closed else []
     marks = view.marks
     for item in entries[done:]:
         mark = marks.get(item.obs_id) if item.obs_id is not None else None
         raw = marked_raw(item, mark, keep_tokens)
-        tokens += item.tokens if mark is None else max(1, len(raw) // BYTES_PER_TOKEN)
+        tokens += item.tokens if mark is None else json_tokens(raw)
         said = "assistant" if item.role == "assistant" else "user"
         if raw[:1] == b"[":
             raw = raw[1:-1]  # a list of blocks (an assistant's): its items join the message's
@@ -159,7 +155,7 @@ def render(history: History, keep_tokens: int) -> Rendered:
         role = said
         if raw:
             blocks.append(raw)
-    rendered = Rendered(b",".join(parts), role, b",".join(blocks), digest_tokens, tokens)
+    rendered = Rendered(b",".join(parts), role, b",".join(blocks), digest, digest_tokens, tokens)
     history._memo = (len(entries), view, keep_tokens, rendered)
     return rendered
 
@@ -208,8 +204,8 @@ def assemble(
         breakpoints += 1
 
     rendered = render(history, keep_tokens)
-    if history.view.digest is not None:
-        slot("digest", rendered.digest_tokens, False, digest_text(history))
+    if rendered.digest is not None:
+        slot("digest", rendered.digest_tokens, False, rendered.digest)
     slot("history", rendered.tokens, False)
     messages = rendered.messages()
     if messages and _mark_last(messages):

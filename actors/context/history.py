@@ -25,7 +25,12 @@ BYTES_PER_TOKEN = 4
 def estimate(value: object) -> int:
     """A local token estimate (about 4 bytes of JSON per token); the provider's reported figure
     corrects it (see :class:`History.ratio`)."""
-    return max(1, len(_ENCODE(value)) // BYTES_PER_TOKEN)
+    return json_tokens(_ENCODE(value))
+
+
+def json_tokens(raw: bytes) -> int:
+    """:func:`estimate` of a value already encoded."""
+    return max(1, len(raw) // BYTES_PER_TOKEN)
 
 
 def text_tokens(text: str) -> int:
@@ -62,7 +67,7 @@ def entry(turn_id: str, start: int, role: str, content: Any) -> Entry:
     role = role if role in ("user", "assistant") else "tool"
     raw = _ENCODE(wire(content))
     obs_id = content.get("tool_use_id") if role == "tool" else None
-    return Entry(turn_id, start, role, raw, max(1, len(raw) // BYTES_PER_TOKEN), obs_id)  # type: ignore[arg-type]
+    return Entry(turn_id, start, role, raw, json_tokens(raw), obs_id)  # type: ignore[arg-type]
 
 
 def slim(item: Entry) -> Entry:

@@ -1,6 +1,6 @@
 -- Insert a batch of commands in one statement; each input row is one event, `ord` its place in
--- its command. The rows come as one JSON array (one parameter: cheaper to send than seven
--- arrays, whose adaptation was a fifth of the writer's CPU per transaction). All rows of a
+-- its command. The rows come as one JSON array, one parameter that msgspec encodes (psycopg's
+-- adaptation of seven arrays cost the writer thread more Python per batch). All rows of a
 -- command see the same head (the statement's snapshot), so a command is inserted whole or not at
 -- all: not when its expected version is not the head (a conflict, which the writer then
 -- explains). Heads are read without a lock: if another transaction appends to one of these
