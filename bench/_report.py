@@ -42,6 +42,7 @@ from psycopg import sql
 
 from eventstore import Checkpoint, EventStore
 from eventstore.catalogue import TurnEnd
+from runtime.config import Settings, from_env
 
 perf = time.perf_counter
 
@@ -433,6 +434,23 @@ class Ended:
     end: TurnEnd
     at: float
     wall: float
+
+
+def node_settings(
+    url: str, nats_url: str, schema: str, agent: str, manifest: str, **env: str
+) -> tuple[Settings, Path]:
+    """Settings for an in-process node serving one agent from ``manifest``, with its home and
+    agents directory in a new temporary directory (returned, for the caller to remove); ``env``
+    adds or overrides DISPACH_* settings."""
+    root = Path(tempfile.mkdtemp(prefix="dispach-bench-node-"))
+    (root / "agents").mkdir()
+    (root / "agents" / f"{agent}.yaml").write_text(manifest)
+    settings = from_env({
+        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
+        "DISPACH_DRAIN_SECONDS": "10", **env,
+    })  # fmt: skip
+    return settings, root
 
 
 class FullCollections:

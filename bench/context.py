@@ -55,6 +55,7 @@ from _report import (
     machine_facts,
     machine_ticks,
     ms,
+    node_settings,
     pct,
     perf,
     print_rows,
@@ -76,7 +77,6 @@ import multiprocessing
 import os
 import secrets
 import shutil
-import tempfile
 import time
 import tracemalloc
 from collections import Counter
@@ -98,7 +98,6 @@ from actors.model import Completed, ModelRequest
 from eventstore import EventStore
 from gateways.ingress import IngressMessage, submit
 from gateways.model import AnthropicModel
-from runtime.config import from_env
 from runtime.node import Node
 
 AGENT = "bench"
@@ -609,14 +608,7 @@ def result_lines(points: list[Point]) -> list[Line]:
 
 async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool) -> None:
     schema = f"bench_{secrets.token_hex(4)}"
-    root = Path(tempfile.mkdtemp(prefix="dispach-bench-node-"))
-    (root / "agents").mkdir()
-    (root / "agents" / f"{AGENT}.yaml").write_text(MANIFEST)
-    settings = from_env({
-        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
-        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
-        "DISPACH_DRAIN_SECONDS": "10",
-    })  # fmt: skip
+    settings, root = node_settings(url, nats_url, schema, AGENT, MANIFEST)
     # The SDK talks to the fake on loopback, never through a proxy from the environment.
     os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
     fake = Fake()

@@ -56,6 +56,7 @@ from _report import (
     line,
     machine_facts,
     ms,
+    node_settings,
     pct,
     perf,
     print_rows,
@@ -78,7 +79,6 @@ import secrets
 import shlex
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -91,7 +91,6 @@ import structlog
 
 from actors.messages import Refused
 from gateways.ingress import IngressMessage, submit
-from runtime.config import from_env
 from runtime.node import Node
 
 AGENT = "bench"
@@ -428,15 +427,10 @@ def print_states(states: list[State]) -> None:
 
 async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool) -> None:
     schema = f"bench_{secrets.token_hex(4)}"
-    root = Path(tempfile.mkdtemp(prefix="dispach-bench-node-"))
-    (root / "agents").mkdir()
-    (root / "agents" / f"{AGENT}.yaml").write_text(MANIFEST)
-    settings = from_env({
-        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
-        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
-        "DISPACH_DRAIN_SECONDS": "10", "DISPACH_SESSION_IDLE_SECONDS": "3600",
-        "DISPACH_MAX_SESSIONS": str(plan.sessions + LOAD_SESSIONS_ROOM),
-    })  # fmt: skip
+    settings, root = node_settings(
+        url, nats_url, schema, AGENT, MANIFEST, DISPACH_SESSION_IDLE_SECONDS="3600",
+        DISPACH_MAX_SESSIONS=str(plan.sessions + LOAD_SESSIONS_ROOM),
+    )  # fmt: skip
     node = Node(settings)
     watcher: asyncio.Task[None] | None = None
     try:

@@ -38,6 +38,7 @@ from _report import (
     line,
     machine_facts,
     ms,
+    node_settings,
     pct,
     perf,
     print_rows,
@@ -68,7 +69,6 @@ import resource
 import secrets
 import shutil
 import statistics
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -87,7 +87,6 @@ from actors.model import ModelEvent, ModelRequest
 from eventstore import Checkpoint, EventStore, RecordedEvent
 from eventstore.catalogue import ModelResult, ToolResult, TurnEnd
 from gateways.ingress import IngressMessage, submit
-from runtime.config import from_env
 from runtime.node import Node
 
 AGENT = "bench"
@@ -905,14 +904,7 @@ async def bench(
 ) -> None:  # fmt: skip
     schema = f"bench_{secrets.token_hex(4)}"
     raw_schema = f"{schema}_raw"
-    root = Path(tempfile.mkdtemp(prefix="dispach-bench-node-"))
-    (root / "agents").mkdir()
-    (root / "agents" / f"{AGENT}.yaml").write_text(MANIFEST)
-    settings = from_env({
-        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
-        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
-        "DISPACH_DRAIN_SECONDS": "10",
-    })  # fmt: skip
+    settings, root = node_settings(url, nats_url, schema, AGENT, MANIFEST)
     count_thread_starts()
     node = Node(settings)
     monitor: Monitor | None = None
