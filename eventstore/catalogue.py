@@ -334,6 +334,10 @@ class DeliveryFailed(Event, frozen=True):
 
 
 class DeliveryUncertain(Event, frozen=True):
+    """An item whose send may have reached the provider with no answer to say so: after a crash
+    in its send window (at the next start), or when the send's connection dropped or timed out
+    after the request went out."""
+
     TYPE: ClassVar[str] = "delivery.uncertain"
     channel_id: str
     chunk_index: int
@@ -341,7 +345,15 @@ class DeliveryUncertain(Event, frozen=True):
     attempts: int
     idempotent_send: bool
     resend: bool = True
-    """False when the channel says ``on_uncertain: skip``: the item is settled as uncertain."""
+    """False when the channel says ``on_uncertain: skip`` (or the attempts are used up): the item
+    is settled as uncertain, never sent again."""
+    code: str = ""
+    """Why it is in doubt: ``delivery_interrupted`` (the node died in the send window; empty in
+    events from before this field), or the send's failure (``delivery_connection_lost``,
+    ``delivery_timeout``, ``telegram_500``, ...)."""
+    error: str = ""
+    delay_ms: int = 0
+    """With ``resend``: the pause before the resend (the channel's backoff)."""
 
 
 # --- schedules (stream schedule-<agentId>-<scheduleId>) and sessions ---------------------------

@@ -128,9 +128,11 @@ class OutboxProjection:
                     (
                         """UPDATE outbox SET uncertain = true, attempts = %s,
                                   status = CASE WHEN %s THEN 'pending' ELSE 'uncertain' END,
-                                  next_attempt_at = %s, version = %s, updated_at = %s
+                                  next_attempt_at = %s + make_interval(secs => %s / 1000.0),
+                                  error_code = %s, error = %s, version = %s, updated_at = %s
                             WHERE item_id = %s""",
-                        [e.attempts, e.resend, at, event.version, at, item],
+                        [e.attempts, e.resend, at, e.delay_ms, e.code or None, e.error or None,
+                         event.version, at, item],
                     )
-                ]
+                ]  # fmt: skip
         return []

@@ -50,13 +50,15 @@ class DeliveryInfo(_Body, frozen=True):
     to: str
     status: Literal["pending", "sending", "sent", "failed", "uncertain"]
     """``sent`` when every chunk is; ``failed`` when one failed for good (the rest were
-    abandoned); ``uncertain`` when settled without knowing (on_uncertain: skip)."""
+    abandoned); ``uncertain`` when settled without knowing (on_uncertain: skip, or the attempts
+    ran out while in doubt)."""
     chunks: int
     sent: int
     attempts: int
     thread: str | None = None
     uncertain: bool = False
-    """A chunk was sent again after a crash in its send window: it may show twice."""
+    """A chunk was in doubt (a crash in its send window, or its answer was lost): resent, it may
+    show twice; settled as ``uncertain``, it may never have arrived."""
     error_code: str | None = None
 
 

@@ -403,7 +403,7 @@ async def test_the_bot_token_is_never_logged_nor_recorded(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     fake.fail_next("getUpdates", 502, "Bad Gateway")  # a poll failure is logged
-    fake.fail_next("sendMessage", 500, "Internal Server Error")  # a retry is recorded
+    fake.fail_next("sendMessage", 503, "Service Unavailable")  # a retry is recorded
     fake.forbid_chat(5007)  # and so is a failure
     api = await start(api_factory, fake)
     fake.push_message(5006, "hello", from_id=5006)

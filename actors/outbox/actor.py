@@ -5,7 +5,9 @@ actor read: if anyone else got there first the append conflicts and the actor le
 The attempt is committed *before* the send, so after a crash an item whose last event is an
 attempt is known to be in doubt: at start it is flagged ``delivery.uncertain`` and sent again
 (exact on a channel whose provider deduplicates by key), or settled as uncertain without a resend
-for a channel configured ``on_uncertain: skip``. Nothing is ever silently dropped.
+for a channel configured ``on_uncertain: skip``. A send whose answer never came (the connection
+dropped or timed out after the request went out) is the same doubt and is recorded the same way,
+by the plan, right away: nothing is ever silently dropped, nor silently sent twice.
 
 Sends run as tasks on the event loop, at most ``channel.concurrency`` per channel; the actor
 itself only wakes the drain loop (a commit added items, a send freed a slot).
@@ -268,6 +270,9 @@ class OutboxActor(LoopActor):
             faults.point("delivery.answered")
             outcome = settle(item, channel, attempt, result, self._rng)
             await self._append(stream, meta, outcome, item.version + 1)
+            if isinstance(outcome, DeliveryUncertain):
+                log.warning("delivery_uncertain", item=item.item_id, channel=item.channel_id,
+                            code=outcome.code, resend=outcome.resend)  # fmt: skip
             DELIVERY_SECONDS.labels(channel=channel.type).observe(time.perf_counter() - began)
             DELIVERIES.labels(channel=channel.type, outcome=outcome.TYPE.split(".")[1]).inc()
         except StoreError as e:
@@ -281,12 +286,14 @@ class OutboxActor(LoopActor):
         try:
             async with asyncio.timeout(_SEND_TIMEOUT_S):
                 return await channel.send(outbound(item, attempt))
-        except TimeoutError:
-            return SendResult(ok=False, retryable=True, code="delivery_timeout",
+        except TimeoutError:  # cut mid-send: the request may have gone out
+            return SendResult(ok=False, retryable=True, in_doubt=True, code="delivery_timeout",
                               error=f"the send took longer than {_SEND_TIMEOUT_S:g} s")  # fmt: skip
         except Exception as e:  # a channel bug must not take the outbox down
+            # Where it raised is unknown, so whether the request went out is too.
             log.exception("channel_send_raised", channel=channel.id)
-            return SendResult(ok=False, retryable=True, code="delivery_transport_threw",
+            return SendResult(ok=False, retryable=True, in_doubt=True,
+                              code="delivery_transport_threw",
                               error=f"{type(e).__name__}: {e}")  # fmt: skip
 
     async def _append(self, stream: str, meta: Metadata, event: Event, expected: int) -> None:
@@ -318,6 +325,8 @@ class OutboxActor(LoopActor):
                 channel_id=item.channel_id, chunk_index=item.chunk_index,
                 chunk_total=item.chunk_total, attempts=item.attempts,
                 idempotent_send=channel is not None and channel.idempotent, resend=resend,
+                code="delivery_interrupted",
+                error=f"node {node or '?'} stopped before it recorded the send's answer",
             )  # fmt: skip
             # Submitted together and awaited after: the writer commits them in a few batches.
             submitted = self._store.submit(

@@ -2,8 +2,8 @@
 
 A channel is a transport only: chunking, ordering, retries, deduplication and recovery live in the
 outbox. It says how long a message may be, whether its provider deduplicates a resend by key
-(``idempotent``), and what to do with an item whose send may or may not have happened when the
-node died (``on_uncertain``).
+(``idempotent``), and what to do with an item whose send may or may not have happened
+(``on_uncertain``): the node died in its send window, or the send's answer never came.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ class SendResult(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     provider_message_id: str | None = None
     retryable: bool = False
+    in_doubt: bool = False
+    """The request may have reached the provider and been acted on, and no answer says whether
+    (the connection dropped or timed out after the request went out): the same doubt as a node
+    dying in its send window. The outbox records ``delivery.uncertain`` and follows the channel's
+    ``on_uncertain``; only a failure that proves the request was not taken (refused, DNS, an
+    answer saying so) is retried blindly."""
     code: str = ""
     """A stable code for the failure (``delivery_provider_unavailable``, ...)."""
     error: str = ""

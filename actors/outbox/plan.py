@@ -1,5 +1,6 @@
 """The outbox's decisions, as pure functions: what a reply becomes (enqueue), and what a send's
-outcome becomes (sent, a retry after a pause, or a failure)."""
+outcome becomes (sent, a retry after a pause, a failure, or uncertain when it may have been
+taken)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from eventstore.catalogue import (
     DeliveryFailed,
     DeliveryRetry,
     DeliverySent,
+    DeliveryUncertain,
     EndReason,
 )
 
@@ -126,8 +128,11 @@ def backoff(
 
 def settle(
     item: Item, channel: Channel, attempt: int, result: SendResult, rng: random.Random
-) -> DeliverySent | DeliveryRetry | DeliveryFailed:
-    """The event that records a send's outcome."""
+) -> DeliverySent | DeliveryRetry | DeliveryFailed | DeliveryUncertain:
+    """The event that records a send's outcome. A send in doubt (it may have been taken) is never
+    retried blindly: it is uncertain, and resent flagged only where the channel says
+    ``on_uncertain: resend`` and attempts are left; otherwise it is settled as uncertain (not
+    failed: it may well have arrived)."""
     if result.ok:
         return DeliverySent(
             channel_id=item.channel_id, chunk_index=item.chunk_index,
@@ -135,6 +140,14 @@ def settle(
             provider_message_id=result.provider_message_id, uncertain=item.uncertain,
         )  # fmt: skip
     exhausted = attempt >= len(channel.backoff_s) + 1
+    if result.in_doubt:
+        resend = channel.on_uncertain == "resend" and not exhausted
+        delay = backoff(channel.backoff_s, attempt, result.retry_after_s, rng) if resend else 0.0
+        return DeliveryUncertain(
+            channel_id=item.channel_id, chunk_index=item.chunk_index,
+            chunk_total=item.chunk_total, attempts=attempt, idempotent_send=channel.idempotent,
+            resend=resend, code=result.code, error=result.error, delay_ms=round(delay * 1000),
+        )  # fmt: skip
     if result.retryable and not exhausted:
         delay = backoff(channel.backoff_s, attempt, result.retry_after_s, rng)
         return DeliveryRetry(

@@ -26,8 +26,9 @@ class ChannelError(DispachError):
 class _Common(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     id: ChannelId
     on_uncertain: Literal["resend", "skip"] = "resend"
-    """An item whose send may have happened when the node died: send it again (flagged), or
-    record it as uncertain and send nothing."""
+    """An item whose send may have happened (the node died in its send window, or the answer was
+    lost: a dropped connection, a timeout): send it again (flagged), or record it as uncertain
+    and send nothing."""
     backoff_s: Pauses = msgspec.field(default_factory=lambda: list(_BACKOFF))
     enabled: bool = True
 
@@ -43,6 +44,9 @@ class TelegramConfig(_Common, frozen=True, kw_only=True, tag="telegram", tag_fie
     """Who may talk to the agent: user ids, ``@usernames``, or ``"*"`` for anyone. Closed by
     default: a sender not listed is refused (``channel.rejected``, with the line to add)."""
     poll_timeout_s: Annotated[int, msgspec.Meta(ge=0, le=50)] = 25
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=55)] = 30.0
+    """How long a ``sendMessage`` may take; past it the send is in doubt (it may have been
+    delivered), not retried blindly. Under the outbox's own 60 s cut."""
 
 
 class WebhookConfig(_Common, frozen=True, kw_only=True, tag="webhook", tag_field="type"):

@@ -6,7 +6,11 @@ Telegram's webhook, whose ``X-Telegram-Bot-Api-Secret-Token`` header is checked 
 Outbound: ``sendMessage``, 4,096 characters counted in UTF-16 code units. Telegram takes no
 idempotency key, so a resend after a crash may show twice: the channel says so
 (``idempotent = False``), the resend is flagged ``uncertain`` on the record, and
-``on_uncertain: skip`` trades that duplicate for a possibly missing reply.
+``on_uncertain: skip`` trades that duplicate for a possibly missing reply. A send whose answer is
+lost (the connection dropped or timed out once the request could have gone out, or a 5xx other
+than the front's 502/503/504) is the same doubt: its result says ``in_doubt`` and the outbox
+treats it as it treats a crash. Only what proves the request was not taken is retried blindly: a
+connection that never opened (refused, DNS, connect timeout), a 429, the front's 502/503/504.
 
 The bot token is part of every request URL: it is never logged (errors are reported without the
 URL, and redacted where a library puts it in a message or a log line: httpx2 logs every request's
@@ -38,12 +42,34 @@ _POLL_BACKOFF_S = (1.0, 2.0, 5.0, 15.0, 30.0)
 _SECRET_HEADER = "x-telegram-bot-api-secret-token"  # noqa: S105 - a header name
 
 
+_NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout,
+             httpx2.UnsupportedProtocol)  # fmt: skip
+"""Transport failures raised before a byte of the request went out: no connection was made (DNS
+failure and refusal are ConnectError), or none was free. Every other one (ReadTimeout,
+WriteTimeout, ReadError, WriteError, RemoteProtocolError: the server closed without answering)
+may come after Telegram read the request: in doubt."""
+_FRONT = frozenset({502, 503, 504})
+"""What nginx in front of the Bot API answers when the API behind it is away: nothing was sent.
+Any other 5xx is the API's own, which may come after the message went out."""
+
+
 class TelegramError(Exception):
-    def __init__(self, status: int, description: str, retry_after: float | None) -> None:
+    def __init__(
+        self,
+        status: int,
+        description: str,
+        retry_after: float | None,
+        *,
+        in_doubt: bool = False,
+        code: str = "",
+    ) -> None:
         super().__init__(description)
         self.status = status
         self.description = description
         self.retry_after = retry_after
+        self.in_doubt = in_doubt
+        """The call may have been carried out (see ``_NOT_SENT`` and ``_FRONT``)."""
+        self.code = code or f"telegram_{status}"
 
 
 class TelegramChannel:
@@ -65,7 +91,8 @@ class TelegramChannel:
         self._token = token
         self._base = f"{config.api_base_url.rstrip('/')}/bot{token}/"
         self._webhook_secret = webhook_secret
-        self._client = httpx2.AsyncClient(timeout=30.0)
+        self._timeout = config.timeout_s
+        self._client = httpx2.AsyncClient(timeout=self._timeout)
         self._redactor = _Redactor(token)
         logging.getLogger("httpx2").addFilter(self._redactor)
         self._poller: asyncio.Task[None] | None = None
@@ -80,30 +107,37 @@ class TelegramChannel:
         self,
         method: str,
         payload: dict[str, Any],
-        timeout: float = 30.0,
+        timeout: float | None = None,
         headers: dict[str, str] | None = None,
     ) -> Any:
-        """One Bot API call: its ``result``, or TelegramError (never with the URL in it)."""
+        """One Bot API call: its ``result``, or TelegramError (never with the URL in it) that
+        says whether the call may have been carried out all the same (``in_doubt``)."""
         try:
             response = await self._client.post(
-                self._base + method, json=payload, timeout=timeout, headers=headers
-            )
+                self._base + method, json=payload, timeout=timeout or self._timeout,
+                headers=headers,
+            )  # fmt: skip
         except httpx2.HTTPError as e:
-            raise TelegramError(0, self._redact(f"{type(e).__name__}: {e}"), None) from None
+            raise _transport_error(e, self._redact(f"{type(e).__name__}: {e}")) from None
+        status = response.status_code
         try:
             answer = response.json()
         except ValueError:
             answer = None
-        if not isinstance(answer, dict):
-            raise TelegramError(response.status_code, f"HTTP {response.status_code}", None)
+        if not isinstance(answer, dict):  # not the API's envelope: a front's page, or garbage
+            doubt = 200 <= status < 300 or (status >= 500 and status not in _FRONT)
+            raise TelegramError(status, f"HTTP {status} without the Bot API's answer", None,
+                                in_doubt=doubt)  # fmt: skip
         if answer.get("ok") is True:
             return answer.get("result")
         params = answer.get("parameters") or {}
         retry_after = params.get("retry_after") if isinstance(params, dict) else None
+        code = int(answer.get("error_code") or status)
         raise TelegramError(
-            int(answer.get("error_code") or response.status_code),
+            code,
             self._redact(str(answer.get("description") or "no description")),
             float(retry_after) if isinstance(retry_after, int | float) else None,
+            in_doubt=code >= 500 and code not in _FRONT,
         )
 
     def _redact(self, text: str) -> str:
@@ -260,13 +294,24 @@ def _chat(to: str) -> int | str:
         return to
 
 
+def _transport_error(error: httpx2.HTTPError, description: str) -> TelegramError:
+    if isinstance(error, _NOT_SENT):
+        return TelegramError(0, description, None, code="delivery_unreachable")
+    code = "delivery_timeout" if isinstance(error, httpx2.TimeoutException) else (
+        "delivery_connection_lost")  # fmt: skip
+    return TelegramError(0, description, None, in_doubt=True, code=code)
+
+
 def _classify(error: TelegramError) -> SendResult:
+    """A failed ``sendMessage``: in doubt (the outbox follows ``on_uncertain``), retried blindly
+    (nothing was sent: not connected, flood control, the front's 5xx), or final (other 4xx)."""
     status = error.status
-    retryable = status in {0, 409, 429} or status >= 500
+    retryable = error.in_doubt or status in {0, 409, 429} or status >= 500
     return SendResult(
         ok=False,
         retryable=retryable,
-        code=f"telegram_{status}" if status else "delivery_unreachable",
+        in_doubt=error.in_doubt,
+        code=error.code,
         error=error.description,
         retry_after_s=error.retry_after if status == 429 else None,
     )

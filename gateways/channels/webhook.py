@@ -3,9 +3,13 @@
 Wire contract (docs/channels.md): the body is deterministic for an item (a resend carries the
 same bytes), with headers ``Idempotency-Key`` (the item's derived key), ``X-Dispach-Timestamp``
 (Unix seconds) and ``X-Dispach-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>.<body>")>``;
-``X-Dispach-Attempt`` counts attempts and ``X-Dispach-Uncertain: 1`` marks a resend after a
-crash. The receiver deduplicates by key, so the channel is declared idempotent: a resend after a
-crash is exact.
+``X-Dispach-Attempt`` counts attempts and ``X-Dispach-Uncertain: 1`` marks a resend of an item
+that may have arrived already (after a crash, or a send whose answer was lost). The receiver
+deduplicates by key, so the channel is declared idempotent: such a resend is exact. It is flagged
+all the same (``delivery.uncertain``, ``uncertain: true`` on the record, the header), since the
+record cannot know the receiver kept its promise, and ``on_uncertain: skip`` is honoured as on
+any channel. An answer is the receiver's word (2xx kept; anything else not), so only a lost
+answer is in doubt, and a connection that never opened is retried blindly.
 """
 
 from __future__ import annotations
@@ -41,6 +45,12 @@ class _Payload(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_d
 
 
 _ENCODE = msgspec.json.Encoder()
+
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
+"""Raised before a byte of the request went out: no connection (refused, DNS, TLS, proxy), none
+in time, or no URL to connect to. aiohttp never resends a POST on its own (it retries a dropped
+keep-alive connection only for idempotent methods), so every other failure may follow a request
+the receiver read."""
 
 
 class WebhookChannel:
@@ -117,13 +127,16 @@ class WebhookChannel:
                 self._url, data=body, headers=headers, allow_redirects=False
             ) as response:
                 return _result(response.status, await response.read(), response.headers)
+        except _NOT_SENT as e:  # before TimeoutError: a connect timeout is one
+            return SendResult(ok=False, retryable=True, code="delivery_unreachable",
+                              error=f"{type(e).__name__}: {e}")  # fmt: skip
         except TimeoutError as e:
-            return SendResult(ok=False, retryable=True, code="delivery_timeout",
+            return SendResult(ok=False, retryable=True, in_doubt=True, code="delivery_timeout",
                               error=f"the webhook did not answer in time: {e!r}")  # fmt: skip
         except aiohttp.ClientError as e:
-            # Refused, reset, or closed before an answer: the receiver may or may not have the
-            # item; the retry carries the same key, so it is exact either way.
-            return SendResult(ok=False, retryable=True, code="delivery_unreachable",
+            # Reset, or closed before an answer: the receiver may or may not have the item.
+            return SendResult(ok=False, retryable=True, in_doubt=True,
+                              code="delivery_connection_lost",
                               error=f"{type(e).__name__}: {e}")  # fmt: skip
 
 

@@ -12,10 +12,12 @@ back again; ``timeout`` holds the request (at most ``MAX_POLL_SECONDS``) until a
 and a newer ``getUpdates`` ends a waiting one with 409, like the real "terminated by other
 getUpdates request". While a webhook is set, ``getUpdates`` answers 409 too.
 
-Faults are scripted per method, first in first out: ``fail_next`` (an error answer), ``drop_next``
-(the connection closes with no answer) and ``hold_next`` (a late answer). A dropped or held call
-is carried out first (the message *is* sent) unless ``processed=False``: the provider got the
-bytes and acted, only the answer is lost or late, which is the window where duplicates are born.
+Faults are scripted per method, first in first out: ``fail_next`` (an error answer),
+``front_error_next`` (an HTML error page from the nginx in front of the API: the call never
+reached it), ``drop_next`` (the connection closes with no answer) and ``hold_next`` (a late
+answer, past a client's timeout if it likes). A dropped or held call is carried out first (the
+message *is* sent) unless ``processed=False``: the provider got the bytes and acted, only the
+answer is lost or late, which is the window where duplicates are born.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
-from tests.fakes._local_server import Drop, Handler, Hold, LocalServer
+from tests.fakes._local_server import Drop, Handler, Hold, LocalServer, phrase
 
 __all__ = ["MAX_POLL_SECONDS", "MAX_TEXT_LENGTH", "Call", "FakeTelegram"]
 
@@ -56,6 +58,8 @@ class _Fail:
     status: int
     description: str
     retry_after: int | None
+    front: bool = False
+    """Answered by the front (an HTML page, not the API's envelope): nothing was carried out."""
 
 
 class _ApiError(Exception):
@@ -71,7 +75,8 @@ class _ApiError(Exception):
         return body
 
 
-_Answer = tuple[int, dict[str, Any]] | None  # None: close the connection without an answer
+_Answer = tuple[int, dict[str, Any] | str] | None
+"""The status and the JSON payload (or a front's HTML page); None: close without an answer."""
 
 
 class FakeTelegram(LocalServer):
@@ -79,8 +84,10 @@ class FakeTelegram(LocalServer):
     (which ends long polls and holds at once and cuts every open connection); ``url`` is the
     API root, a method lives at ``{url}/bot{token}/{method}``."""
 
-    def __init__(self, token: str, *, first_update_id: int = 1000, host: str = "127.0.0.1") -> None:
-        super().__init__(_Handler, "fake-telegram", host=host)
+    def __init__(
+        self, token: str, *, first_update_id: int = 1000, host: str = "127.0.0.1", port: int = 0
+    ) -> None:
+        super().__init__(_Handler, "fake-telegram", host=host, port=port)
         self.token = token
         self._pending: list[dict[str, Any]] = []
         self._next_update_id = first_update_id
@@ -160,6 +167,11 @@ class FakeTelegram(LocalServer):
         the real flood-control shape) without carrying them out."""
         self._script(method, [_Fail(status, description, retry_after)] * count)
 
+    def front_error_next(self, method: str, status: int, *, count: int = 1) -> None:
+        """Answer the next ``count`` calls of ``method`` from the front (``502``/``503``/``504``
+        as an nginx HTML page) without carrying them out: the API never saw them."""
+        self._script(method, [_Fail(status, phrase(status), None, front=True)] * count)
+
     def drop_next(self, method: str, count: int = 1, *, processed: bool = True) -> None:
         """Close the connection of the next ``count`` calls without an answer."""
         self._script(method, [Drop(processed)] * count)
@@ -213,11 +225,13 @@ class FakeTelegram(LocalServer):
                 self._calls.append(call)
                 script = self._faults.get(name.lower())
                 fault = script.popleft() if script else None
+            if isinstance(fault, _Fail) and fault.front:
+                return fault.status, _front_page(fault.status)
             if isinstance(fault, _Fail):
                 raise _ApiError(fault.status, fault.description, fault.retry_after)
             if isinstance(fault, Drop) and not fault.processed:
                 return None
-            answer: tuple[int, dict[str, Any]] = 200, {"ok": True, "result": run(self, call)}
+            answer: tuple[int, dict[str, Any] | str] = 200, {"ok": True, "result": run(self, call)}
         except _ApiError as error:
             answer = error.status, error.payload()
         if isinstance(fault, Hold) and self._stopping.wait(fault.seconds):
@@ -415,8 +429,20 @@ class _Handler(Handler[FakeTelegram]):
             self._drop()
             return
         status, payload = answer
+        if isinstance(payload, str):
+            self._reply(status, payload.encode(), _FRONT_HEADERS)
+            return
         data = json.dumps(payload, ensure_ascii=False).encode()
         self._reply(status, data, _HEADERS)
 
 
 _HEADERS = (("Server", "nginx"), ("Content-Type", "application/json"))
+_FRONT_HEADERS = (("Server", "nginx"), ("Content-Type", "text/html"))
+
+
+def _front_page(status: int) -> str:
+    """The page nginx answers when the API behind it is away (a 502, 503 or 504)."""
+    title = f"{status} {phrase(status)}"
+    return (f"<html>\r\n<head><title>{title}</title></head>\r\n<body>\r\n"
+            f"<center><h1>{title}</h1></center>\r\n<hr><center>nginx</center>\r\n"
+            "</body>\r\n</html>\r\n")  # fmt: skip
