@@ -1,5 +1,6 @@
-"""Who may call the API: bearer tokens (each optionally scoped to agents), the Host check that
-keeps a loopback server out of reach of DNS rebinding, and the request body cap.
+"""Who may call the API and what a request must carry: bearer tokens (each optionally scoped to
+agents), stream tokens for browsers' streams, JSON bodies within the cap. (Where a request may
+come from, its Host and Origin, is gateways/origins.py.)
 
 Tokens come from ``DISPACH_API_TOKEN``: comma-separated, each ``secret`` or
 ``secret@agent1+agent2`` (scoped). Presented tokens are compared in constant time against every
@@ -12,27 +13,29 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import msgspec
 from starlette.datastructures import Headers, QueryParams
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateways.errors import ErrorBody, ErrorEnvelope
+from gateways.errors import deny
+from gateways.streamtokens import StreamGrant, StreamTokens
 
 OPEN_PATHS = frozenset({"/v1/health", "/v1/ready", "/v1/openapi.json"})
 WEBHOOK_PREFIX = "/v1/channels/"
 SUBPROTOCOL = "dispach.bearer"
-LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
-_ENCODE = msgspec.json.Encoder()
+STREAM_TOKEN_QUERY = "st"  # noqa: S105 - a query parameter's name
 
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller: which agents it may see (None: all of them)."""
+    """The caller: which agents it may see (None: all of them), and, for a stream token, the
+    one stream it may read (see gateways/streamtokens.py)."""
 
     agents: frozenset[str] | None = None
+    stream: StreamGrant | None = None
 
     def sees(self, agent_id: str) -> bool:
         return self.agents is None or agent_id in self.agents
@@ -75,21 +78,21 @@ class TokenTable:
 
 
 class Guard:
-    """ASGI middleware in front of every route: Host check, authentication, body cap."""
+    """ASGI middleware in front of every route (behind :class:`gateways.origins.Reach`): what a
+    request must carry. A body is JSON and within the cap; the caller is authenticated by a
+    bearer token, or reads a stream with a stream token (``?st=``, gateways/streamtokens.py)."""
 
     def __init__(
         self,
         app: ASGIApp,
         tokens: TokenTable,
         *,
-        loopback: bool,
-        allowed_hosts: Iterable[str] = (),
+        stream_tokens: StreamTokens | None = None,
         max_body: int = 1_000_000,
     ) -> None:
         self.app = app
         self.tokens = tokens
-        self.loopback = loopback
-        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts) | LOOPBACK_HOSTS
+        self.stream_tokens = stream_tokens
         self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,44 +101,90 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if self.loopback and _hostname(headers.get("host", "")) not in self.allowed_hosts:
-            await _deny(
-                scope,
-                send,
-                403,
-                "host_not_allowed",
-                f"this server answers to loopback host names, not {headers.get('host')!r}",
-                "use http://127.0.0.1:<port>, or list the name in DISPACH_ALLOWED_HOSTS",
-            )
+        path: str = scope["path"]
+        if "\x00" in path or b"%00" in scope.get("query_string", b""):
+            await deny(scope, send, 400, "bad_request_url", "the URL contains a NUL character",
+                       "remove %00 from the path and the query")  # fmt: skip
             return
-        if "\x00" in scope["path"] or b"%00" in scope.get("query_string", b""):
-            await _deny(scope, send, 400, "bad_request_url", "the URL contains a NUL character",
-                        "remove %00 from the path and the query")  # fmt: skip
+        if kind == "http":
+            refusal = _body_refusal(scope["method"], path, headers, self.max_body)
+            if refusal is not None:
+                await deny(scope, send, *refusal)
+                return
+        state = scope.setdefault("state", {})
+        query = QueryParams(scope.get("query_string", b""))
+        stream_token = query.get(STREAM_TOKEN_QUERY)
+        if stream_token is not None:
+            refusal = self._stream_refusal(scope, stream_token, state)
+            if refusal is not None:
+                await deny(scope, send, *refusal)
+                return
+            await self.app(scope, receive, send)
             return
-        if kind == "http" and _too_large(headers, self.max_body):
-            await _deny(
-                scope,
-                send,
-                413,
-                "body_too_large",
-                f"the request body is over {self.max_body} bytes",
-                "send a smaller body",
-            )
-            return
-        principal = self.tokens.principal(_presented(scope, headers))
-        if principal is None and not _open(scope["path"]):
-            await _deny(
+        principal = self.tokens.principal(_presented(scope, headers, query))
+        if principal is None and not _open(path):
+            await deny(
                 scope,
                 send,
                 401,
                 "unauthorized",
                 "a valid bearer token is required",
                 "send `Authorization: Bearer <token>` (for a WebSocket: the header, or "
-                f'the subprotocols ["{SUBPROTOCOL}", <token>])',
+                f'the subprotocols ["{SUBPROTOCOL}", <token>]; for a stream in a browser: a '
+                "stream token as ?st=)",
             )
             return
-        scope.setdefault("state", {})["principal"] = principal or EVERYONE
+        state["principal"] = principal or EVERYONE
         await self.app(scope, receive, send)
+
+    def _stream_refusal(
+        self, scope: Scope, token: str, state: dict[str, object]
+    ) -> tuple[int, str, str, str] | None:
+        """Check a stream token (``?st=``): only on the streams, only to read, only while valid
+        and signed by this node's secret. On success the caller sees only the token's agent."""
+        reads = scope["type"] == "websocket" or scope["method"] in ("GET", "HEAD")
+        if not (reads and _STREAMS.fullmatch(scope["path"])) or self.stream_tokens is None:
+            return (403, "stream_token_read_only",
+                    f"a stream token cannot be used for {scope.get('method', 'GET')} "
+                    f"{scope['path']}", STREAM_READ_ONLY_HINT)  # fmt: skip
+        grant = self.stream_tokens.verify(token)
+        if not isinstance(grant, StreamGrant):
+            return (401, grant.code, grant.message, grant.hint)
+        state["principal"] = Principal(frozenset({grant.agent}), stream=grant)
+        return None
+
+
+STREAM_READ_ONLY_HINT = "a stream token only reads streams; send the API token for anything else"
+JSON_TYPES = frozenset({"application/json"})
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Where a stream token may be presented: a turn's SSE stream, the firehose, the WebSocket.
+_STREAMS = re.compile(r"/v1/agents/[^/]+/turns/[^/]+/stream|/v1/events|/v1/ws")
+
+
+def _body_refusal(
+    method: str, path: str, headers: Headers, limit: int
+) -> tuple[int, str, str, str] | None:
+    """A request body must be JSON (a page cannot send that cross-site without a preflight, so
+    a ``no-cors`` or form POST never reaches a route) and within the cap. Providers' webhooks
+    keep their own content types."""
+    if method not in _BODY_METHODS:
+        return None
+    length = headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        return (413, "body_too_large", f"the request body is over {limit} bytes",
+                "send a smaller body")  # fmt: skip
+    if path.startswith(WEBHOOK_PREFIX):
+        return None
+    declared = headers.get("content-type")
+    has_body = (length is not None and length != "0") or "transfer-encoding" in headers
+    if declared is None and not has_body:
+        return None
+    media = (declared or "").split(";", 1)[0].strip().lower()
+    if media not in JSON_TYPES:
+        return (415, "content_type_unsupported",
+                f"the body is {media or 'of no declared type'!s}, not application/json",
+                "send the body as JSON with `Content-Type: application/json`")  # fmt: skip
+    return None
 
 
 def _open(path: str) -> bool:
@@ -144,7 +193,7 @@ def _open(path: str) -> bool:
     return path in OPEN_PATHS or path.startswith(WEBHOOK_PREFIX)
 
 
-def _presented(scope: Scope, headers: Headers) -> str | None:
+def _presented(scope: Scope, headers: Headers, query: QueryParams) -> str | None:
     auth = headers.get("authorization", "")
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
@@ -153,37 +202,7 @@ def _presented(scope: Scope, headers: Headers) -> str | None:
         offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
         if len(offered) >= 2 and offered[0] == SUBPROTOCOL:
             return offered[1]
-        token = QueryParams(scope.get("query_string", b"")).get("token")  # v1 clients (deprecated)
+        token = query.get("token")  # v1 clients (deprecated)
         if token:
             return token
     return None
-
-
-def _hostname(host: str) -> str:
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host.split("]", 1)[0] + "]"
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
-def _too_large(headers: Headers, limit: int) -> bool:
-    length = headers.get("content-length")
-    return length is not None and length.isdigit() and int(length) > limit
-
-
-async def _deny(scope: Scope, send: Send, status: int, code: str, message: str, hint: str) -> None:
-    body = _ENCODE.encode(ErrorEnvelope(ErrorBody(code=code, message=message, hint=hint)))
-    start: Message = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
-    }
-    if scope["type"] == "websocket":
-        if "websocket.http.response" in scope.get("extensions", {}):
-            await send({**start, "type": "websocket.http.response.start"})
-            await send({"type": "websocket.http.response.body", "body": body})
-        else:
-            await send({"type": "websocket.close", "code": 1008, "reason": code})
-        return
-    await send(start)
-    await send({"type": "http.response.body", "body": body})

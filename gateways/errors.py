@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from starlette.responses import Response
+from starlette.types import Message, Scope, Send
 
 
 class ErrorBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -35,3 +36,24 @@ def error_response(
 
 def json_response(value: object, status: int = 200) -> Response:
     return Response(_ENCODER.encode(value), status, media_type="application/json")
+
+
+async def deny(scope: Scope, send: Send, status: int, code: str, message: str, hint: str) -> None:
+    """Answer a request with the error envelope before it reaches a route (an ASGI middleware's
+    refusal). A WebSocket is refused before its upgrade: with the envelope where the server
+    supports the denial-response extension (uvicorn does), else with close code 1008."""
+    body = _ENCODER.encode(ErrorEnvelope(ErrorBody(code=code, message=message, hint=hint)))
+    start: Message = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+    }
+    if scope["type"] == "websocket":
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await send({**start, "type": "websocket.http.response.start"})
+            await send({"type": "websocket.http.response.body", "body": body})
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": code})
+        return
+    await send(start)
+    await send({"type": "http.response.body", "body": body})

@@ -3,7 +3,8 @@ metrics, behind the :class:`gateways.auth.Guard` (DESIGN.md 6)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import secrets
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 from starlette.applications import Starlette
@@ -18,7 +19,9 @@ from gateways.api import ApiError, Runtime
 from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
 from gateways.metrics import metrics_endpoint
+from gateways.origins import Cors, Reach
 from gateways.schemas import Health, Ready
+from gateways.streamtokens import StreamTokens
 
 log = structlog.get_logger("dispach.http")
 
@@ -31,8 +34,14 @@ def create_app(
     tokens: Iterable[str] = (),
     loopback: bool = True,
     allowed_hosts: Iterable[str] = (),
+    allowed_origins: Iterable[str] = (),
+    secret: bytes | None = None,
     max_body: int = 1_000_000,
 ) -> Starlette:
+    """The app. ``secret`` signs stream tokens (None: a random one, good for this process only);
+    ``allowed_origins`` are the web pages, besides the node's own, that may call it."""
+    origins = list(allowed_origins)
+
     async def health(request: Request) -> Response:
         return json_response(
             Health(
@@ -60,6 +69,7 @@ def create_app(
     async def openapi_json(request: Request) -> Response:
         return Response(openapi.document(), media_type="application/json")
 
+    stream_tokens = StreamTokens(secret if secret is not None else secrets.token_bytes(32))
     agent = "/v1/agents/{agent}"
     turn = agent + "/turns/{turn_id}"
     session = agent + "/sessions/{key}"
@@ -86,13 +96,19 @@ def create_app(
         Route(agent + "/context", context.session_context, methods=["GET"]),
         Route(agent + "/approvals", approvals.list_approvals, methods=["GET"]),
         Route(agent + "/approvals/{approval}", approvals.decide, methods=["POST"]),
-        Route(agent + "/schedules", schedules.list_schedules, methods=["GET"]),
-        Route(agent + "/schedules", schedules.create_schedule, methods=["POST"]),
-        Route(schedule, schedules.get_schedule, methods=["GET"]),
-        Route(schedule, schedules.replace_schedule, methods=["PUT", "PATCH"]),
-        Route(schedule, schedules.delete_schedule, methods=["DELETE"]),
+        _methods(
+            agent + "/schedules", GET=schedules.list_schedules, POST=schedules.create_schedule
+        ),
+        _methods(
+            schedule,
+            GET=schedules.get_schedule,
+            PUT=schedules.replace_schedule,
+            PATCH=schedules.replace_schedule,
+            DELETE=schedules.delete_schedule,
+        ),
         Route(schedule + "/run", schedules.run_schedule, methods=["POST"]),
         Route("/v1/channels/{channel}/webhook/{agent}", hooks.channel_webhook, methods=["POST"]),
+        Route("/v1/stream-tokens", sse.create_stream_token, methods=["POST"]),
         WebSocketRoute("/v1/ws", ws.websocket_endpoint),
     ]
 
@@ -137,15 +153,34 @@ def create_app(
             HTTPException: http_error,
             Exception: internal_error,
         },
+        # Outermost first: where the request comes from (Host, Origin), then CORS for the
+        # allowed origins (so a preflight needs no token and a refusal is readable by the page),
+        # then what it must carry (a JSON body within the cap, credentials).
         middleware=[
             Middleware(
-                Guard,
-                tokens=TokenTable(tokens),
-                loopback=loopback,
-                allowed_hosts=allowed_hosts,
-                max_body=max_body,
+                Reach, loopback=loopback, allowed_hosts=allowed_hosts, allowed_origins=origins
+            ),
+            *([Middleware(Cors, allowed_origins=origins)] if origins else []),
+            Middleware(
+                Guard, tokens=TokenTable(tokens), stream_tokens=stream_tokens, max_body=max_body
             ),
         ],
     )
     app.state.runtime = rt
+    app.state.stream_tokens = stream_tokens
     return app
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def _methods(path: str, **endpoints: Endpoint) -> Route:
+    """One route for a path that several handlers serve, one per method: Starlette answers a
+    405 from the first route whose path matches, so separate routes would announce only that
+    route's methods in ``Allow``."""
+
+    async def dispatch(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await endpoints[method](request)
+
+    return Route(path, dispatch, methods=list(endpoints), name=path)

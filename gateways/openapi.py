@@ -33,6 +33,8 @@ from gateways.schemas import (
     TurnPage,
     TurnResource,
 )
+from gateways.sse import IssuedToken, TokenRequest
+from gateways.streamtokens import MAX_TTL_S
 
 _TYPES: tuple[Any, ...] = (
     SessionContext,
@@ -62,16 +64,20 @@ _TYPES: tuple[Any, ...] = (
     ErrorEnvelope,
     list[AgentInfo],
     list[SessionSummary],
+    TokenRequest,
+    IssuedToken,
 )
 _REF = "#/components/schemas/{name}"
 
 _ERRORS = {
     "400": "The request is malformed (code, message, hint and often field say how)",
     "401": "A bearer token is required",
-    "403": "The Host header is not one this server answers to",
+    "403": "The Host or the Origin (a web page) is not one this server answers to, or a stream "
+    "token does not cover this",
     "404": "No such agent, turn, session or schedule (or not visible to this token)",
     "409": "The resource is in a state that refuses this (the code says which)",
     "413": "The body is over the size cap",
+    "415": "A request body must be `application/json`",
     "503": "The node is not ready, or a dependency is down",
 }
 SSE = "text/event-stream"
@@ -154,6 +160,13 @@ SSE_FRAME = {
     },
     "required": ["data"],
 }
+
+
+def _stream_op(summary: str, ok: dict[str, dict[str, Any]], **kw: Any) -> dict[str, Any]:
+    """A stream's operation: a bearer token, or a stream token as ``?st=``."""
+    op = _op(summary, ok, errors=("400", "401", "403", "404"), **kw)
+    op["security"] = [{"bearer": []}, {"streamToken": []}]
+    return op
 
 
 def _accepted(description: str) -> dict[str, Any]:
@@ -335,14 +348,20 @@ def _paths() -> dict[str, Any]:
             )
         },
         turn + "/stream": {
-            "get": _op(
+            "get": _stream_op(
                 "Live stream of a turn (SSE), lossless resume",
-                stream,
+                {
+                    **stream,
+                    "204": {
+                        "description": "A reconnect whose `Last-Event-ID` is at or past the "
+                        "turn's `turn.end`: nothing more will come (an EventSource stops)"
+                    },
+                },
                 params=[AGENT, TURN, AFTER, chunks, types],
             )
         },
         "/v1/events": {
-            "get": _op(
+            "get": _stream_op(
                 "Firehose (SSE)",
                 {"200": {"description": "SSE", "content": {SSE: {"schema": SSE_FRAME}}}},
                 params=[
@@ -352,6 +371,15 @@ def _paths() -> dict[str, Any]:
                     AFTER,
                     chunks,
                 ],
+            )
+        },
+        "/v1/stream-tokens": {
+            "post": _op(
+                "A short-lived read-only token for one turn's or one session's stream, for a "
+                "browser (`?st=` on the SSE streams and /v1/ws)",
+                {"201": _json(_ref(IssuedToken), "Issued")},
+                body=TokenRequest,
+                errors=("400", "401", "404", "413", "415", "503"),
             )
         },
         agent + "/sessions": {
@@ -496,6 +524,18 @@ def _constrain(components: dict[str, Any]) -> None:
     spec = components["ScheduleSpec"]
     spec["required"] = sorted({*spec.get("required", []), "deliver"})
     spec["properties"]["task"].update(minLength=1, pattern=NOT_BLANK)
+    # A stream token is for exactly one turn or one session (stream_token_target_invalid).
+    token = components["TokenRequest"]
+    token["properties"].update(
+        agentId={"type": "string", "minLength": 1},
+        turnId={"type": "string", "minLength": 1},
+        sessionKey={"type": "string", **session, "allOf": [{"pattern": NOT_BLANK}]},
+        ttlS={"type": "integer", "minimum": 1, "maximum": MAX_TTL_S},
+    )
+    token["oneOf"] = [
+        {"required": ["turnId"], "not": {"required": ["sessionKey"]}},
+        {"required": ["sessionKey"], "not": {"required": ["turnId"]}},
+    ]
 
 
 @functools.cache
@@ -512,7 +552,10 @@ def document() -> bytes:
         "paths": _paths(),
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "streamToken": {"type": "apiKey", "in": "query", "name": "st"},
+            },
         },
     }
     return msgspec.json.encode(doc)

@@ -9,7 +9,9 @@ they never move a client's resume point.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 import msgspec
 from starlette.requests import HTTPConnection, Request
@@ -23,13 +25,18 @@ from gateways.api import (
     ApiError,
     agent,
     cursor_param,
+    decode_body,
     load_turn,
     not_ready,
     principal,
+    read_body,
     runtime,
     visible_agent,
 )
+from gateways.errors import json_response
+from gateways.ingress import MAX_SESSION_KEY, NOT_BLANK
 from gateways.schemas import AcceptedBody
+from gateways.streamtokens import DEFAULT_TTL_S, MAX_TTL_S, StreamGrant, StreamTokens, grant
 
 HEARTBEAT_S = 15.0
 HEADERS = {
@@ -78,6 +85,7 @@ def event_frame(event: RecordedEvent) -> bytes:
 
 
 PING = b": ping\n\n"
+_SOMETHING = re.compile(NOT_BLANK)
 
 
 def feed_of(request: HTTPConnection) -> Feed:
@@ -112,11 +120,25 @@ def types_param(request: Request) -> frozenset[str] | None:
 async def turn_stream(request: Request) -> Response:
     agent_id = agent(request).id
     turn = await load_turn(request, request.path_params["turn_id"], agent_id)
+    stream = principal(request).stream
+    if stream is not None:
+        problem = turn_problem(stream, agent_id, turn.turn_id, turn.session_key)
+        if problem is not None:
+            raise problem
+    after = cursor_param(request)
+    if (
+        after is not None
+        and turn.status != "running"
+        and request.headers.get("last-event-id")
+        and await _ended_before(feed_of(request), turn.turn_id, after) is not None
+    ):
+        # A browser reconnecting after the end: 204 is what makes an EventSource stop.
+        return Response(status_code=204, headers={"Cache-Control": "no-cache"})
     return turn_stream_response(
         request,
         agent_id,
         turn.turn_id,
-        after=cursor_param(request),
+        after=after,
         chunks=flag(request, "chunks"),
         types=types_param(request),
     )
@@ -206,6 +228,133 @@ def _ended_frame(turn_id: str, event: RecordedEvent) -> bytes:
     return frame("stream.ended", _ENCODE.encode(end))
 
 
+# --- stream tokens (gateways/streamtokens.py): what one may read, and issuing one ----------------
+
+
+def turn_problem(
+    allowed: StreamGrant, agent_id: str, turn_id: str, session_key: str
+) -> ApiError | None:
+    """Why the stream token ``allowed`` may not read the turn, or None."""
+    if allowed.agent != agent_id:
+        return ApiError(
+            403,
+            "stream_token_wrong_agent",
+            f"this stream token is for agent {allowed.agent!r}, not {agent_id!r}",
+            "ask POST /v1/stream-tokens for a token of this agent",
+        )
+    if allowed.turn is not None and allowed.turn != turn_id:
+        return ApiError(
+            403,
+            "stream_token_wrong_turn",
+            f"this stream token is for turn {allowed.turn}, not {turn_id}",
+            "ask POST /v1/stream-tokens for a token of this turn",
+        )
+    if allowed.turn is None and allowed.session != session_key:
+        return ApiError(
+            403,
+            "stream_token_wrong_session",
+            "this stream token is for another session than this turn's",
+            "ask POST /v1/stream-tokens for a token of this turn or its session",
+        )
+    return None
+
+
+def session_problem(
+    allowed: StreamGrant, agent_id: str, session_key: str | None
+) -> ApiError | None:
+    """Why the stream token ``allowed`` may not follow the agent's session ``session_key``
+    (None: all of its sessions), or None."""
+    if allowed.agent != agent_id:
+        return ApiError(
+            403,
+            "stream_token_wrong_agent",
+            f"this stream token is for agent {allowed.agent!r}, not {agent_id!r}",
+            "ask POST /v1/stream-tokens for a token of this agent",
+        )
+    if allowed.turn is not None:
+        return ApiError(
+            403,
+            "stream_token_wrong_session",
+            f"this stream token is for turn {allowed.turn} only",
+            "follow the turn's stream, or ask POST /v1/stream-tokens for a session token",
+        )
+    if session_key != allowed.session:
+        return ApiError(
+            403,
+            "stream_token_wrong_session",
+            "this stream token is for another session",
+            "pass the token's own sessionKey (or none), or ask for a token of this session",
+        )
+    return None
+
+
+class TokenRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
+                   forbid_unknown_fields=True):  # fmt: skip
+    agent_id: str
+    turn_id: str | None = None
+    session_key: str | None = None
+    ttl_s: float = float(DEFAULT_TTL_S)
+    """Whole seconds; a float so that ``300.0`` (an integer to JSON Schema) is one too."""
+
+
+class IssuedToken(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    token: str
+    expires_at: str
+    agent_id: str
+    ttl_s: int
+    turn_id: str | None = None
+    session_key: str | None = None
+
+
+async def create_stream_token(request: Request) -> Response:
+    """``POST /v1/stream-tokens``: a read-only token for one turn's or one session's stream."""
+    tokens: StreamTokens = request.app.state.stream_tokens
+    body: TokenRequest = decode_body(await read_body(request), TokenRequest)
+    if (body.turn_id is None) == (body.session_key is None):
+        raise ApiError(
+            400,
+            "stream_token_target_invalid",
+            "a stream token is for one turn or one session",
+            "send exactly one of turnId and sessionKey",
+            "turnId",
+        )
+    if not (1 <= body.ttl_s <= MAX_TTL_S and float(body.ttl_s).is_integer()):
+        raise ApiError(
+            400,
+            "stream_token_ttl_invalid",
+            f"ttlS={body.ttl_s:g} is not a whole number from 1 to {MAX_TTL_S}",
+            f"ask for 1 to {MAX_TTL_S} seconds (default {DEFAULT_TTL_S})",
+            "ttlS",
+        )
+    agent_id = visible_agent(request, body.agent_id, "agentId").id
+    if body.turn_id is not None:
+        await load_turn(request, body.turn_id, agent_id)  # 404 unless the turn is the agent's
+    elif (
+        not body.session_key
+        or not _SOMETHING.search(body.session_key)
+        or len(body.session_key) > MAX_SESSION_KEY
+        or any(c in body.session_key for c in "/\x00")
+    ):
+        raise ApiError(
+            400,
+            "session_key_invalid",
+            f"{body.session_key!r} is not a session key",
+            "pass the sessionKey the messages were sent with",
+            "sessionKey",
+        )
+    ttl_s = int(body.ttl_s)
+    given = grant(agent_id, turn=body.turn_id, session=body.session_key, ttl_s=ttl_s)
+    issued = IssuedToken(
+        token=tokens.issue(given),
+        expires_at=datetime.fromtimestamp(given.expires, UTC).isoformat().replace("+00:00", "Z"),
+        agent_id=agent_id,
+        ttl_s=ttl_s,
+        turn_id=body.turn_id,
+        session_key=body.session_key,
+    )
+    return json_response(issued, 201)
+
+
 # --- the firehose ------------------------------------------------------------------------------
 
 
@@ -215,6 +364,13 @@ async def events_stream(request: Request) -> Response:
     feed = feed_of(request)
     who = principal(request)
     agent_id = request.query_params.get("agentId") or None
+    session_key = request.query_params.get("sessionKey") or None
+    if who.stream is not None:  # a stream token follows its own session, named or not
+        agent_id = agent_id or who.stream.agent
+        session_key = session_key or who.stream.session
+        problem = session_problem(who.stream, agent_id, session_key)
+        if problem is not None:
+            raise problem
     if agent_id is not None:
         visible_agent(request, agent_id, "agentId")
     types = types_param(request)
@@ -222,7 +378,7 @@ async def events_stream(request: Request) -> Response:
     after = cursor_param(request)
     scope = Scope(
         agent_id=agent_id,
-        session_key=request.query_params.get("sessionKey") or None,
+        session_key=session_key,
         types=types,
         agents=who.agents,
         chunks=chunks,

@@ -28,9 +28,9 @@ from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
 from eventstore.catalogue import Deliver, TurnEnd
 from eventstore.feed import Scope
 from gateways import approvals, ingress, metrics
-from gateways.api import ApiError, load_turn, nats_of, runtime, visible_agent
-from gateways.auth import SUBPROTOCOL
-from gateways.sse import feed_of, turn_backlog
+from gateways.api import ApiError, load_turn, nats_of, principal, runtime, visible_agent
+from gateways.auth import STREAM_READ_ONLY_HINT, SUBPROTOCOL
+from gateways.sse import feed_of, session_problem, turn_backlog, turn_problem
 
 log = structlog.get_logger("dispach.ws")
 
@@ -108,6 +108,8 @@ class Socket:
         self._ids = itertools.count(1)
         self.default_agent = ws.query_params.get("agentId") or None
         self.overflowed = asyncio.Event()
+        self.stream = principal(ws).stream
+        """The stream token the socket came with: then it may only subscribe, within it."""
 
     def send(self, kind: str, **data: Any) -> None:
         self.push(_ENCODE.encode({"type": kind, **data}))
@@ -155,6 +157,11 @@ class Socket:
             return
         except msgspec.DecodeError:
             self.error("frame_not_json", "the frame is not JSON", "send one JSON object per frame")
+            return
+        if self.stream is not None and isinstance(frame, MessageFrame | StopFrame | ApproveFrame):
+            self.error("stream_token_read_only",
+                       f"a stream token cannot send a {type(frame).__name__[:-5].lower()} frame",
+                       STREAM_READ_ONLY_HINT, ref=getattr(frame, "ref", None))  # fmt: skip
             return
         match frame:
             case PingFrame(ref=ref):
@@ -247,9 +254,19 @@ class Socket:
             except ApiError as e:
                 self.error(e.code, e.message, e.hint, sub=sub_id)
                 return
+            if self.stream is not None and (
+                problem := turn_problem(self.stream, turn.agent_id, turn.turn_id, turn.session_key)
+            ):
+                self.error(problem.code, problem.message, problem.hint, sub=sub_id)
+                return
             scope = Scope(turn_id=turn.turn_id, agent_id=turn.agent_id, chunks=frame.chunks)
         elif frame.agent_id is not None:
             if self._refuses_agent(frame.agent_id, ref=None, sub=sub_id):
+                return
+            if self.stream is not None and (
+                problem := session_problem(self.stream, frame.agent_id, frame.session_key)
+            ):
+                self.error(problem.code, problem.message, problem.hint, sub=sub_id)
                 return
             scope = Scope(
                 agent_id=frame.agent_id, session_key=frame.session_key, chunks=frame.chunks

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +14,8 @@ import msgspec
 from runtime.errors import ConfigError
 
 DEFAULT_PORT = 7420
+# An origin as a browser sends it: scheme, host (a name, an IPv4 or a bracketed IPv6), port.
+_ORIGIN = re.compile(r"https?://([A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -29,6 +32,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Bearer tokens accepted by the API (DISPACH_API_TOKEN, comma-separated for several)."""
     allowed_hosts: tuple[str, ...] = ()
     """Host names a loopback bind also answers to (DISPACH_ALLOWED_HOSTS; DNS-rebinding guard)."""
+    allowed_origins: tuple[str, ...] = ()
+    """Web pages (origins) besides the node's own that may call the API from a browser, with
+    CORS (DISPACH_ALLOWED_ORIGINS)."""
+    secret: str | None = None
+    """Signs stream tokens (DISPACH_SECRET); unset: the one kept in <home>/secret."""
     max_body: int = 1_000_000
     """Request body cap in bytes (DISPACH_MAX_BODY)."""
     node_id: str = ""
@@ -80,6 +88,10 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "allowed_hosts": tuple(
             h.strip() for h in env.get("DISPACH_ALLOWED_HOSTS", "").split(",") if h.strip()
         ),
+        "allowed_origins": tuple(
+            o.strip() for o in env.get("DISPACH_ALLOWED_ORIGINS", "").split(",") if o.strip()
+        ),
+        "secret": env.get("DISPACH_SECRET") or None,
         "max_body": _int(env, "DISPACH_MAX_BODY", 1_000_000),
         "node_id": env.get("DISPACH_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}",
         "log_format": env.get("DISPACH_LOG_FORMAT", "auto"),
@@ -116,6 +128,21 @@ def validate(settings: Settings) -> None:
             f"refusing to listen on {settings.host} without an API token",
             "set DISPACH_API_TOKEN (or bind 127.0.0.1); only loopback may run without a token",
             "DISPACH_API_TOKEN",
+        )
+    for origin in settings.allowed_origins:
+        if not _ORIGIN.fullmatch(origin):
+            raise ConfigError(
+                f"DISPACH_ALLOWED_ORIGINS has {origin!r}, which is not an origin",
+                "list origins as a browser sends them, scheme://host[:port] with no path, "
+                "e.g. https://console.example.com,http://localhost:5173",
+                "DISPACH_ALLOWED_ORIGINS",
+            )
+    if settings.secret is not None and len(settings.secret) < 32:
+        raise ConfigError(
+            "DISPACH_SECRET is shorter than 32 characters",
+            "use a long random secret, e.g. `python -c 'import secrets;"
+            " print(secrets.token_urlsafe(48))'`",
+            "DISPACH_SECRET",
         )
     for raw in settings.tokens:
         token, _, scope = raw.partition("@")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import IO, Any
 
-from runtime.errors import DataDirInUse
+from runtime.errors import ConfigError, DataDirInUse
 
 
 class DataDir:
@@ -63,6 +64,26 @@ class DataDir:
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         tmp.replace(self.state_file)
 
+    def secret(self) -> bytes:
+        """The node secret kept here (``secret``, owner-only), made on first use: it signs
+        stream tokens, so they survive a restart. Written to a temporary file and linked into
+        place, so two processes starting at once agree on one secret."""
+        path = self.path / "secret"
+        if path.exists():
+            return _read_secret(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        tmp = self.path / f".secret.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32) + "\n")
+        try:
+            os.link(tmp, path)  # fails if another process linked its secret first
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+        return _read_secret(path)
+
     def is_locked(self) -> bool:
         """Whether a live process holds the lock (a running node)."""
         path = self.path / "dispach.lock"
@@ -75,3 +96,18 @@ class DataDir:
                 return True
             fcntl.flock(handle, fcntl.LOCK_UN)
             return False
+
+
+def _read_secret(path: Path) -> bytes:
+    try:
+        secret = bytes.fromhex(path.read_text().strip())
+    except ValueError:
+        secret = b""
+    if len(secret) < 16:
+        raise ConfigError(
+            f"{path} does not hold a node secret (64 hex digits)",
+            "delete the file to make a new one (stream tokens issued before stop working), or "
+            "set DISPACH_SECRET",
+            "DISPACH_SECRET",
+        )
+    return secret

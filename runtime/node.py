@@ -290,6 +290,8 @@ async def serve(settings: Settings) -> int:
             tokens=settings.tokens,
             loopback=settings.loopback,
             allowed_hosts=settings.allowed_hosts,
+            allowed_origins=settings.allowed_origins,
+            secret=settings.secret.encode() if settings.secret else node.services.datadir.secret(),
             max_body=settings.max_body,
         ),
         ws_max_size=2 * settings.max_body,

@@ -254,7 +254,8 @@ class ApiFactory:
         node = await self.nodes.start(**overrides)
         config = uvicorn.Config(
             create_app(node, tokens=tokens, loopback=True,
-                       allowed_hosts=node.settings.allowed_hosts),
+                       allowed_hosts=node.settings.allowed_hosts,
+                       allowed_origins=node.settings.allowed_origins),
             host="127.0.0.1", port=0, loop="none", lifespan="off", log_config=None,
             access_log=False, ws_max_size=2_000_000,
         )  # fmt: skip

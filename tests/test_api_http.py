@@ -102,6 +102,9 @@ async def accept(http: httpx.AsyncClient, text: str, **options: Any) -> Json:
     return body
 
 
+JSON_BODY = {"Content-Type": "application/json"}
+
+
 def error_of(response: httpx.Response, status: int, code: str) -> Json:
     """The error envelope of ``response``, checked: its status, code, a message and a hint."""
     assert response.status_code == status, response.text
@@ -443,7 +446,9 @@ async def test_a_chunked_body_over_one_megabyte_is_refused_while_read(api: ApiSe
         yield b'"}'
 
     async with client_of(api) as http:
-        response = await http.post("/v1/agents/assistant/messages", content=chunks())
+        response = await http.post(
+            "/v1/agents/assistant/messages", content=chunks(), headers=JSON_BODY
+        )
         assert "content-length" not in response.request.headers
         assert await all_turns(http) == []
     error_of(response, 413, "body_too_large")

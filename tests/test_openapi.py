@@ -103,6 +103,7 @@ NEEDS_DATA = frozenset({
     f"PUT {_SCHEDULE}/{{schedule}}",
     f"PATCH {_SCHEDULE}/{{schedule}}",
     "POST /v1/channels/{channel}/webhook/{agent}",
+    "POST /v1/stream-tokens",  # the agent and its turn or session are in the body
 })  # fmt: skip
 # The server ignores query parameters it does not know (as v1 clients expect), and the token is
 # sent by the test (a token the generator made up can only be refused).
