@@ -217,6 +217,8 @@ class Client:
                 if ended:
                     return
                 cause = "the node closed the stream before turn.end"
+            except _StreamOver:
+                return
             except ClientError as e:
                 if e.status is not None and e.status < 500:
                     raise
@@ -249,6 +251,8 @@ class Client:
                 if response.status_code >= 400:
                     response.read()
                     raise _refusal(response)
+                if response.status_code == 204:  # resumed at or past turn.end: nothing more
+                    raise _StreamOver
                 for frame in parse(response.iter_lines()):
                     try:
                         data = _JSON.decode(frame.data)
@@ -279,6 +283,10 @@ class Client:
         if response.status_code >= 400:
             raise _refusal(response)
         return response
+
+
+class _StreamOver(Exception):
+    """The node answered 204: the cursor is at or past the turn's end."""
 
 
 def _refusal(response: httpx2.Response) -> ClientError:

@@ -306,6 +306,23 @@ async def test_a_stream_cut_after_turn_end_is_not_reopened(api: ApiServer) -> No
     assert frames[-1].event == "turn.end" and proxy.connections == 1
 
 
+@pytest.mark.asyncio
+async def test_a_stream_resumed_at_its_end_returns_at_once(api: ApiServer) -> None:
+    """The node answers 204 to a resume at or past turn.end (a browser's EventSource stops
+    there); the client takes it as the end, not as a broken stream to reconnect."""
+
+    def run() -> tuple[list[StreamFrame], list[StreamFrame]]:
+        with Client(api.url, api.token) as client:
+            accepted = client.send("assistant", "hello")
+            whole = list(client.stream_turn("assistant", accepted.turn_id))
+            end = next(f for f in whole if f.event == "turn.end")
+            return whole, list(client.stream_turn("assistant", accepted.turn_id, after=end.id))
+
+    whole, resumed = await asyncio.wait_for(asyncio.to_thread(run), 30)
+    assert whole[-1].event == "stream.ended"
+    assert resumed == []
+
+
 # ---- the CLI against a node ----------------------------------------------------------------
 
 DISPACH = str(Path(sys.executable).parent / "dispach")
