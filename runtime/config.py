@@ -39,6 +39,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Signs stream tokens (DISPACH_SECRET); unset: the one kept in <home>/secret."""
     max_body: int = 1_000_000
     """Request body cap in bytes (DISPACH_MAX_BODY)."""
+    head_timeout_seconds: float = 10.0
+    """How long a request head (request line and headers) may take to arrive; a connection
+    that sends nothing this long is closed (DISPACH_HEAD_TIMEOUT_SECONDS)."""
+    body_timeout_seconds: float = 30.0
+    """The longest pause between the bytes of a request body (DISPACH_BODY_TIMEOUT_SECONDS)."""
+    max_connections_per_client: int = 256
+    """Open connections (WebSockets included) from one client address; 0: no cap
+    (DISPACH_MAX_CONNECTIONS_PER_CLIENT)."""
     node_id: str = ""
     log_format: str = "auto"
     log_level: str = "info"
@@ -93,6 +101,9 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         ),
         "secret": env.get("DISPACH_SECRET") or None,
         "max_body": _int(env, "DISPACH_MAX_BODY", 1_000_000),
+        "head_timeout_seconds": float(_int(env, "DISPACH_HEAD_TIMEOUT_SECONDS", 10)),
+        "body_timeout_seconds": float(_int(env, "DISPACH_BODY_TIMEOUT_SECONDS", 30)),
+        "max_connections_per_client": _int(env, "DISPACH_MAX_CONNECTIONS_PER_CLIENT", 256),
         "node_id": env.get("DISPACH_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}",
         "log_format": env.get("DISPACH_LOG_FORMAT", "auto"),
         "log_level": env.get("DISPACH_LOG_LEVEL", "info"),
@@ -123,6 +134,7 @@ def validate(settings: Settings) -> None:
         raise ConfigError(
             f"DISPACH_PORT={settings.port} is not a TCP port", "use 1-65535", "DISPACH_PORT"
         )
+    _validate_http_limits(settings)
     if not settings.loopback and not settings.tokens:
         raise ConfigError(
             f"refusing to listen on {settings.host} without an API token",
@@ -159,6 +171,22 @@ def validate(settings: Settings) -> None:
                 " print(secrets.token_urlsafe(32))'`",
                 "DISPACH_API_TOKEN",
             )
+
+
+def _validate_http_limits(settings: Settings) -> None:
+    for name, seconds in (
+        ("DISPACH_HEAD_TIMEOUT_SECONDS", settings.head_timeout_seconds),
+        ("DISPACH_BODY_TIMEOUT_SECONDS", settings.body_timeout_seconds),
+    ):
+        if seconds < 1:
+            raise ConfigError(f"{name}={seconds:g} is under a second",
+                              "use a whole number of seconds, 1 or more", name)  # fmt: skip
+    if settings.max_connections_per_client < 0:
+        raise ConfigError(
+            f"DISPACH_MAX_CONNECTIONS_PER_CLIENT={settings.max_connections_per_client} is negative",
+            "use a number of connections, or 0 for no cap",
+            "DISPACH_MAX_CONNECTIONS_PER_CLIENT",
+        )
 
 
 def is_loopback(host: str) -> bool:

@@ -41,6 +41,7 @@ from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from gateways import create_app
 from gateways.ingress import Ingress
+from gateways.protocol import EdgeWebSocket, Limits, http_protocol
 from gateways.schemas import AgentDetail, ToolInfo
 from runtime import manifest
 from runtime.config import Settings
@@ -298,7 +299,16 @@ async def serve(settings: Settings) -> int:
         host=settings.host,
         port=settings.port,
         loop="none",
-        http="httptools",
+        # uvicorn's httptools and WebSocket protocols with read timeouts, a cap per client
+        # address, and the error envelope for malformed requests (gateways/protocol.py).
+        http=http_protocol(
+            Limits(
+                head_timeout=settings.head_timeout_seconds,
+                body_timeout=settings.body_timeout_seconds,
+                per_client=settings.max_connections_per_client,
+            )
+        ),
+        ws=EdgeWebSocket,
         lifespan="off",
         log_config=None,
         access_log=False,
