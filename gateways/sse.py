@@ -118,9 +118,13 @@ def types_param(request: Request) -> frozenset[str] | None:
 
 
 async def turn_stream(request: Request) -> Response:
+    stream = principal(request).stream
+    if stream is not None and stream.agent != request.path_params["agent"]:
+        # Said before the agent is looked up: the token sees only its agent, so the lookup
+        # would answer 404 and hide that the token is the problem.
+        raise wrong_agent(stream, request.path_params["agent"])
     agent_id = agent(request).id
     turn = await load_turn(request, request.path_params["turn_id"], agent_id)
-    stream = principal(request).stream
     if stream is not None:
         problem = turn_problem(stream, agent_id, turn.turn_id, turn.session_key)
         if problem is not None:
@@ -231,17 +235,21 @@ def _ended_frame(turn_id: str, event: RecordedEvent) -> bytes:
 # --- stream tokens (gateways/streamtokens.py): what one may read, and issuing one ----------------
 
 
+def wrong_agent(allowed: StreamGrant, agent_id: str) -> ApiError:
+    return ApiError(
+        403,
+        "stream_token_wrong_agent",
+        f"this stream token is for agent {allowed.agent!r}, not {agent_id!r}",
+        "ask POST /v1/stream-tokens for a token of this agent",
+    )
+
+
 def turn_problem(
     allowed: StreamGrant, agent_id: str, turn_id: str, session_key: str
 ) -> ApiError | None:
     """Why the stream token ``allowed`` may not read the turn, or None."""
     if allowed.agent != agent_id:
-        return ApiError(
-            403,
-            "stream_token_wrong_agent",
-            f"this stream token is for agent {allowed.agent!r}, not {agent_id!r}",
-            "ask POST /v1/stream-tokens for a token of this agent",
-        )
+        return wrong_agent(allowed, agent_id)
     if allowed.turn is not None and allowed.turn != turn_id:
         return ApiError(
             403,
@@ -265,12 +273,7 @@ def session_problem(
     """Why the stream token ``allowed`` may not follow the agent's session ``session_key``
     (None: all of its sessions), or None."""
     if allowed.agent != agent_id:
-        return ApiError(
-            403,
-            "stream_token_wrong_agent",
-            f"this stream token is for agent {allowed.agent!r}, not {agent_id!r}",
-            "ask POST /v1/stream-tokens for a token of this agent",
-        )
+        return wrong_agent(allowed, agent_id)
     if allowed.turn is not None:
         return ApiError(
             403,

@@ -261,12 +261,12 @@ class Socket:
                 return
             scope = Scope(turn_id=turn.turn_id, agent_id=turn.agent_id, chunks=frame.chunks)
         elif frame.agent_id is not None:
-            if self._refuses_agent(frame.agent_id, ref=None, sub=sub_id):
-                return
             if self.stream is not None and (
                 problem := session_problem(self.stream, frame.agent_id, frame.session_key)
             ):
                 self.error(problem.code, problem.message, problem.hint, sub=sub_id)
+                return
+            if self._refuses_agent(frame.agent_id, ref=None, sub=sub_id):
                 return
             scope = Scope(
                 agent_id=frame.agent_id, session_key=frame.session_key, chunks=frame.chunks

@@ -378,9 +378,10 @@ def test_each_wrong_token_is_refused_with_its_own_code_and_none_is_logged(
 
 
 def test_a_reconnect_at_or_past_the_end_gets_204(serve: ServeFactory, tmp_path: Path) -> None:
-    """What stops an EventSource: a Last-Event-ID (or ``?after=``) at the turn's ``turn.end``
-    is answered 204 No Content; one before it gets the rest of the turn; a first connect gets
-    the whole replay and stream.ended. The same with the API token and with a stream token."""
+    """What stops an EventSource: a Last-Event-ID at the turn's ``turn.end`` is answered 204 No
+    Content; one before it gets the rest of the turn; a first connect gets the whole replay and
+    stream.ended; an explicit ``?after=`` at the end (a program, not a browser reconnecting)
+    still gets the preamble and stream.ended. The same with the API token and a stream token."""
     node = token_node(serve, tmp_path)
     turn_id = finished_turn(node)
     path = f"/v1/agents/assistant/turns/{turn_id}/stream"
@@ -404,5 +405,5 @@ def test_a_reconnect_at_or_past_the_end_gets_204(serve: ServeFactory, tmp_path: 
             ended = http.get(path, params=params, headers={"Last-Event-ID": cursors[-1]})
             assert ended.status_code == 204, ended.text
             assert ended.content == b""
-            after = http.get(path, params=params | {"after": cursors[-1]})
-            assert after.status_code == 204, after.text
+            after = read_turn(http, path, after=cursors[-1], **params)
+            assert [e for e, _, _ in after] == ["stream.replay", "stream.ended"]
