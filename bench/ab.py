@@ -1,0 +1,177 @@
+"""A/B of the HTTP path: this tree against an older commit, alternated in one run.
+
+    .venv/bin/python bench/ab.py --baseline <rev> [--rounds 6] [--turns 300] [--quick]
+
+What a change to the edge costs (the Origin and content-type checks, stream tokens, read
+timeouts...) is smaller than the drift of a shared 2-core machine between two runs minutes apart.
+So both trees are measured in the same run, alternated A B B A A B ..., each round a fresh
+``dispach serve`` (its own schema and home, the same Postgres and NATS) under the shared load
+driver: ``seq`` (one turn at a time: accept p50/p99, end-to-end p50) then ``burst`` (16
+submitters, 16 sessions: turns/s, accept p50). The baseline tree is a detached ``git worktree``
+of ``--baseline`` in a temporary directory, run by this interpreter with its packages first on
+``PYTHONPATH`` (the same dependencies; only our code differs). Prints each round, then per tree
+the median of its rounds and the ratio this tree / baseline.
+"""
+
+from __future__ import annotations
+
+# First: it takes this directory off the front of the import path (see its docstring).
+from _report import drop_schemas, free_port, print_rows, section, servers, stop_server, wait_ready
+
+# isort: split
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOADGEN = Path("/work/shared/tools/loadgen/loadgen.py")
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = """\
+id: bench
+name: Benchmark agent
+model:
+  provider: scripted
+tools: [calculator]
+"""
+FIGURES = (
+    ("accept p50 (seq)", "ms"),
+    ("accept p99 (seq)", "ms"),
+    ("end-to-end p50 (seq)", "ms"),
+    ("accept p50 (burst)", "ms"),
+    ("burst turns/s", "/s"),
+)
+
+
+@dataclass(frozen=True)
+class Tree:
+    name: str
+    path: Path
+
+
+async def one_round(tree: Tree, url: str, nats_url: str, turns: int, work: Path) -> list[float]:
+    schema = f"bench_{secrets.token_hex(4)}"
+    root = work / schema
+    (root / "agents").mkdir(parents=True)
+    (root / "agents" / "bench.yaml").write_text(AGENT)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tree.path),
+        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
+        "DISPACH_HOST": "127.0.0.1", "DISPACH_PORT": str(port), "DISPACH_API_TOKEN": "",
+        "DISPACH_LOG_LEVEL": "warning",
+    }  # fmt: skip
+    log = root / "serve.log"
+    try:
+        with log.open("wb") as sink:
+            server = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "runtime", "serve",
+                env=env, cwd=root, stdout=sink, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            await wait_ready(server, base, log)
+            result = await loadgen(base, server.pid, turns)
+        finally:
+            status = await stop_server(server)
+        if status != 0:
+            raise SystemExit(f"{tree.name}: dispach serve exited with {status}")
+    finally:
+        drop_schemas(url, [schema])
+    seq, burst = result["seq_e2e"], result["burst"]
+    if result.get("errors") or burst["post_errors"]:
+        raise SystemExit(f"{tree.name}: driver errors {result.get('errors')}")
+    return [
+        seq["accept_ms"]["p50"],
+        seq["accept_ms"]["p99"],
+        seq["e2e_ms"]["p50"],
+        burst["accept_ms"]["p50"],
+        burst["turns_per_s_wall"],
+    ]
+
+
+async def loadgen(base: str, pid: int, turns: int) -> dict[str, Any]:
+    argv = [
+        sys.executable, str(LOADGEN), "--base", base, "--agent", "bench", "--pid", str(pid),
+        "--phases", "seq,burst", "--turns", str(turns), "--sessions", "16", "--submitters", "16",
+    ]  # fmt: skip
+    child = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await child.communicate()
+    if child.returncode != 0:
+        raise SystemExit(f"loadgen failed ({child.returncode}):\n{err.decode()[-3000:]}")
+    found: dict[str, Any] = json.loads(out)
+    return found
+
+
+def order(rounds: int) -> list[int]:
+    """0 = baseline, 1 = this tree, in ABBA blocks so a drift in time favours neither."""
+    block = [0, 1, 1, 0]
+    return [block[i % 4] for i in range(rounds)]
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()  # fmt: skip
+
+
+async def bench(trees: list[Tree], rounds: int, turns: int, work: Path) -> None:
+    measured: dict[int, list[list[float]]] = {0: [], 1: []}
+    with servers() as found:
+        print(f"rounds: {rounds} ({' '.join('AB'[i] for i in order(rounds))}, A = baseline);"
+              f" turns per phase: {turns}; driver: {LOADGEN}")  # fmt: skip
+        for n, which in enumerate(order(rounds), 1):
+            tree = trees[which]
+            figures = await one_round(tree, found.database_url, found.nats_url, turns, work)
+            measured[which].append(figures)
+            pairs = zip(FIGURES, figures, strict=True)
+            shown = (f"{label} {v:.2f}{unit}" for (label, unit), v in pairs)
+            print(f"round {n} {tree.name}: " + ", ".join(shown), flush=True)
+    section("medians")
+    table = []
+    for i, (label, unit) in enumerate(FIGURES):
+        a = statistics.median(r[i] for r in measured[0])
+        b = statistics.median(r[i] for r in measured[1])
+        spread = [f"{r[i]:.2f}" for r in measured[0]], [f"{r[i]:.2f}" for r in measured[1]]
+        table.append((label, f"{a:.2f} {unit}", f"{b:.2f} {unit}", f"{b / a:.2f}x",
+                      f"{'/'.join(spread[0])} | {'/'.join(spread[1])}"))  # fmt: skip
+    print_rows(("figure", trees[0].name, trees[1].name, "this / baseline", "rounds (A | B)"),
+               table, {1, 2, 3})  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="the commit to compare against")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=300)
+    parser.add_argument("--quick", action="store_true", help="4 rounds of 60 turns")
+    args = parser.parse_args()
+    rounds, turns = (4, 60) if args.quick else (args.rounds, args.turns)
+    if not LOADGEN.exists():
+        raise SystemExit(f"the load driver is missing: {LOADGEN}")
+    rev, head = git("rev-parse", "--short", args.baseline), git("rev-parse", "--short", "HEAD")
+    dirty = "+changes" if git("status", "--porcelain", "--", "*.py") else ""
+    work = Path(tempfile.mkdtemp(prefix="dispach-bench-ab-"))
+    old = work / "baseline"
+    git("worktree", "add", "--detach", str(old), rev)
+    try:
+        trees = [Tree(f"baseline {rev}", old), Tree(f"this tree {head}{dirty}", ROOT)]
+        asyncio.run(bench(trees, rounds, turns, work))
+    finally:
+        git("worktree", "remove", "--force", str(old))
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
