@@ -37,8 +37,8 @@ from actors.messages import (
     TurnContext,
 )
 from actors.session import HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
-from eventstore import EventStore, StoreError, WrongExpectedVersion, streams
-from eventstore.catalogue import Deliver, TurnStart
+from eventstore import EventStore, StoreError, WrongExpectedVersion
+from eventstore.catalogue import Deliver
 
 log = structlog.get_logger("dispach.engine")
 
@@ -163,11 +163,7 @@ class Engine:
 
     async def _replay(self, turn_id: str, digest: str) -> Accepted | Refused | None:
         """The answer for a keyed request whose turn is already stored, or None if it is not."""
-        stored = await self.store.aread_stream(streams.turn(turn_id), 0, 1)
-        if not stored or not isinstance(stored[0].data, TurnStart):
-            return None
-        session_key = stored[0].metadata.session_key or ""
-        return idempotency.replay(turn_id, stored[0].data, session_key, digest)
+        return await idempotency.stored(self.store, turn_id, digest)
 
     async def clear(self, clear: ClearSession) -> Cleared | Refused:
         if clear.agent_id not in self.agents:

@@ -15,7 +15,9 @@ import hashlib
 
 import msgspec
 
+from actors import ids
 from actors.messages import Accepted, Refused
+from eventstore import EventStore, streams
 from eventstore.catalogue import Deliver, TurnStart
 
 MAX_KEY = 255
@@ -61,3 +63,21 @@ def replay(turn_id: str, stored: TurnStart, session_key: str, digest: str) -> Ac
         "new message",
         field="Idempotency-Key",
     )
+
+
+async def stored(store: EventStore, turn_id: str, digest: str) -> Accepted | Refused | None:
+    """The answer for a keyed request whose turn is already stored, or None if it is not."""
+    first = await store.aread_stream(streams.turn(turn_id), 0, 1)
+    if not first or not isinstance(first[0].data, TurnStart):
+        return None
+    return replay(turn_id, first[0].data, first[0].metadata.session_key or "", digest)
+
+
+async def look_up(
+    store: EventStore, agent_id: str, key: str, session_key: str, text: str, deliver: Deliver | None
+) -> Accepted | Refused | None:
+    """What a request with ``key`` would be answered from the log: its turn if stored (see
+    :func:`replay`), None if no turn holds the key yet. A gateway whose acceptance timed out
+    asks this (gateways/acceptance.py)."""
+    digest = request_hash(session_key, text, deliver)
+    return await stored(store, ids.keyed_turn_id(agent_id, key), digest)

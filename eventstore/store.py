@@ -8,6 +8,7 @@ one :class:`GroupCommitWriter`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -20,6 +21,7 @@ from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import InvalidAppend, InvalidValue, StoreError, StoreUnavailable
+from eventstore.health import PostgresHealth
 from eventstore.hints import Hints
 from eventstore.migrations import migrate
 from eventstore.projection import Projection
@@ -54,9 +56,12 @@ class EventStore:
         self._apool = psycopg_pool.AsyncConnectionPool(
             conninfo, min_size=1, max_size=pool_size, kwargs=kwargs, open=False, name="dispach-a"
         )
+        self.health = PostgresHealth(conninfo)
+        """Whether Postgres is up, as the writer and the probe last saw (eventstore/health.py)."""
         self._writer = GroupCommitWriter(
-            conninfo, schema, inline=inline, on_commit=on_commit, queue_size=writer_queue
-        )
+            conninfo, schema, inline=inline, on_commit=on_commit, queue_size=writer_queue,
+            health=self.health,
+        )  # fmt: skip
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -86,6 +91,18 @@ class EventStore:
         await asyncio.to_thread(self._writer.stop)
         await self._apool.close()
         await asyncio.to_thread(self._pool.close)
+
+    async def probe(self) -> None:
+        """Watch Postgres until cancelled (see eventstore/health.py). After an outage the
+        pools' idle connections are checked at once: those that died with the server are
+        replaced before a request would draw one and fail on it."""
+
+        async def renew() -> None:
+            with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout):
+                await self._apool.check()
+                await asyncio.to_thread(self._pool.check)
+
+        await self.health.probe(renew)
 
     @property
     def pool(self) -> psycopg_pool.ConnectionPool[psycopg.Connection[Any]]:

@@ -36,6 +36,7 @@ from eventstore.errors import (
     StoreUnavailable,
 )
 from eventstore.event import encode_data, type_name
+from eventstore.health import PostgresHealth
 from eventstore.metrics import APPEND_ERROR, APPEND_OK, BATCH_COMMANDS, EVENTS_APPENDED
 from eventstore.projection import Projection, run_statements, statements_for
 from eventstore.versions import NO_STREAM
@@ -75,8 +76,11 @@ class GroupCommitWriter:
         on_commit: OnCommit | None = None,
         queue_size: int = 10_000,
         max_batch: int = 512,
+        health: PostgresHealth | None = None,
     ) -> None:
         self._conninfo = conninfo
+        self._health = health
+        """Told when a reconnection fails (Postgres is down) and when a batch commits (up)."""
         self._schema = schema
         self._inline = tuple(inline)
         self._inline_types = frozenset(t for p in self._inline for t in p.types)
@@ -244,6 +248,8 @@ class GroupCommitWriter:
                 command.future.set_result(outcome)
         self.batches += 1
         self.commands += callers
+        if self._health is not None:
+            self._health.observe(True)
         if committed and self._on_commit is not None:
             try:
                 self._on_commit(committed)
@@ -358,6 +364,8 @@ class GroupCommitWriter:
             self._conn = self._connect()
         except StoreUnavailable as e:
             log.warning("writer_reconnect_failed", error=e.message)
+            if self._health is not None:
+                self._health.observe(False, e.message)
 
     def _rollback(self) -> None:
         if self._conn is not None and not self._conn.closed:

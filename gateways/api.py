@@ -23,7 +23,7 @@ from actors.outbox import Channel
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
 from eventstore.catalogue import EndReason
 from eventstore.feed import Feed
-from gateways import ingress
+from gateways import acceptance, ingress
 from gateways.auth import EVERYONE, Principal
 from gateways.errors import json_response
 from gateways.schemas import (
@@ -55,6 +55,9 @@ class Runtime(Protocol):
     engine: Any
     """The node's engine (None until the node is ready): the context routes read through it
     (see gateways/context.py)."""
+    accept_timeout: float
+    """Seconds ``POST …/messages`` waits for its session's acceptance (gateways/acceptance.py
+    says what a client is told after that)."""
 
     def uptime_ms(self) -> int: ...
 
@@ -324,7 +327,12 @@ async def post_message(request: Request) -> Response:
     problem = ingress.check(message)
     if problem is not None:
         raise refused(problem)
-    result = await ingress.submit(nats_of(request), target.id, message)
+    rt = runtime(request)
+    result = await ingress.submit(nats_of(request), target.id, message, rt.accept_timeout)
+    if isinstance(result, Refused) and result.code == "accept_timeout":
+        result = await acceptance.after_timeout(rt.store, target.id, message, rt.accept_timeout)
+        if isinstance(result, Refused) and result.code == "accept_timeout":
+            return acceptance.unknown(result)
     if isinstance(result, Refused):
         raise refused(result)
     return accepted_response(request, target.id, result, body)

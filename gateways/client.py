@@ -13,11 +13,18 @@ with Client("http://127.0.0.1:7420", token=None) as client:
 The live stream is the log (DESIGN.md 2.4): every event frame carries its cursor as the SSE
 ``id``, so after a dropped connection :meth:`Client.stream_turn` reconnects with
 ``Last-Event-ID`` and carries on exactly after the last event it yielded.
+
+:meth:`Client.send` sends every message with an ``Idempotency-Key`` (a fresh random one unless
+the caller gives one) and sends it again, with the same key, when the answer says to retry or is
+lost: a ``503`` (the node is starting, or a dependency is down: after its ``Retry-After``), a
+``504 accept_timeout``, or a connection that broke or timed out after the request went out. The
+key makes the retry safe: a message the node had accepted is replayed, never run twice.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -31,6 +38,10 @@ DEFAULT_URL = "http://127.0.0.1:7420"
 # Waits before reconnection attempts 1..10 (13 s in all). A frame that arrives resets the count,
 # so only a node that stays unreachable this long ends the stream.
 RECONNECT_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0, 2.0, 2.0)
+# How long send() keeps sending a message again (with its key) while the node says to retry;
+# one retry is always made. A Retry-After is followed up to MAX_RETRY_AFTER_S.
+SEND_RETRY_S = 30.0
+MAX_RETRY_AFTER_S = 5.0
 
 _UNREACHABLE_HINT = (
     "start a node with `dispach serve`, or point DISPACH_URL (or --url) at a running one"
@@ -41,7 +52,14 @@ class ClientError(Exception):
     """A refusal from the node (its error envelope) or a failure to reach it (``status`` None)."""
 
     def __init__(
-        self, status: int | None, code: str, message: str, hint: str, field: str | None = None
+        self,
+        status: int | None,
+        code: str,
+        message: str,
+        hint: str,
+        field: str | None = None,
+        *,
+        retry_after: float = 1.0,
     ) -> None:
         super().__init__(f"{code}: {message} (hint: {hint})")
         self.status = status
@@ -49,6 +67,8 @@ class ClientError(Exception):
         self.message = message
         self.hint = hint
         self.field = field
+        self.retry_after = retry_after
+        """Seconds the node asked to wait before a retry (its ``Retry-After``; default 1)."""
 
 
 class Accepted(msgspec.Struct, frozen=True, rename="camel"):
@@ -119,6 +139,7 @@ class Client:
         timeout: float = 30.0,
         stream_idle_timeout: float = 60.0,
         reconnect_delays: Sequence[float] = RECONNECT_DELAYS,
+        send_retry: float = SEND_RETRY_S,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         headers = {"User-Agent": "dispach-client/1", "Accept": "application/json"}
@@ -127,6 +148,7 @@ class Client:
         self._http = httpx2.Client(base_url=self.base_url, headers=headers, timeout=timeout)
         self._stream_timeout = httpx2.Timeout(timeout, read=stream_idle_timeout)
         self._delays = tuple(reconnect_delays)
+        self._send_retry = send_retry
 
     def __enter__(self) -> Client:
         return self
@@ -147,6 +169,9 @@ class Client:
         deliver: object = None,
         concurrency: str | None = None,
     ) -> Accepted:
+        """Send a message; returns once its turn is durably accepted. Without
+        ``idempotency_key`` a fresh random one is sent; either way a retry (see the module's
+        docstring) reuses it, so the message makes one turn at most."""
         body: dict[str, object] = {"text": text}
         if session_key is not None:
             body["sessionKey"] = session_key
@@ -154,9 +179,20 @@ class Client:
             body["deliver"] = deliver
         if concurrency is not None:
             body["concurrency"] = concurrency
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        response = self._request("POST", f"/v1/agents/{agent}/messages", json=body, headers=headers)
-        return msgspec.json.decode(response.content, type=Accepted)
+        headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
+        path = f"/v1/agents/{agent}/messages"
+        deadline = time.monotonic() + self._send_retry
+        retried = False
+        while True:
+            try:
+                response = self._request("POST", path, json=body, headers=headers)
+                return msgspec.json.decode(response.content, type=Accepted)
+            except ClientError as e:
+                wait = _retry_wait(e)
+                if wait is None or (retried and time.monotonic() + wait > deadline):
+                    raise
+            time.sleep(wait)
+            retried = True
 
     def turn(self, turn_id: str, agent: str | None = None) -> dict[str, Any]:
         """The turn resource: ``status`` is ``running`` until the end, then the end reason."""
@@ -285,17 +321,32 @@ class Client:
         return response
 
 
+def _retry_wait(error: ClientError) -> float | None:
+    """Seconds to wait before sending a message again, or None when that would not help."""
+    if error.status is None:
+        # Unreachable: nothing was sent when the connection could not be made (no node there,
+        # which a retry rarely changes); otherwise the answer was lost on the way back.
+        return None if isinstance(error.__cause__, httpx2.ConnectError) else 0.1
+    if error.status == 503:
+        return error.retry_after
+    if error.code == "accept_timeout":
+        return 0.1
+    return None
+
+
 class _StreamOver(Exception):
     """The node answered 204: the cursor is at or past the turn's end."""
 
 
 def _refusal(response: httpx2.Response) -> ClientError:
     """The node's error envelope as a ClientError (or the facts, when the body is not one)."""
+    retry_after = _seconds(response.headers.get("retry-after"))
     try:
         error = msgspec.json.decode(response.content)["error"]
         return ClientError(
-            response.status_code, error["code"], error["message"], error["hint"], error.get("field")
-        )
+            response.status_code, error["code"], error["message"], error["hint"],
+            error.get("field"), retry_after=retry_after,
+        )  # fmt: skip
     except (msgspec.DecodeError, KeyError, TypeError):
         return ClientError(
             response.status_code,
@@ -303,7 +354,16 @@ def _refusal(response: httpx2.Response) -> ClientError:
             f"{response.request.method} {response.request.url.path} answered"
             f" {response.status_code} {response.reason_phrase}: {response.text[:200]!r}",
             "check that DISPACH_URL (or --url) points at a Dispach node",
+            retry_after=retry_after,
         )
+
+
+def _seconds(retry_after: str | None) -> float:
+    """A ``Retry-After`` in seconds (1 when absent or an HTTP date), at most MAX_RETRY_AFTER_S."""
+    try:
+        return min(max(float(retry_after or 1), 0.0), MAX_RETRY_AFTER_S)
+    except ValueError:
+        return 1.0
 
 
 def _unreachable(base_url: str, error: httpx2.HTTPError) -> ClientError:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 from starlette.responses import Response
 from starlette.types import Message, Scope, Send
@@ -12,6 +14,9 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     message: str
     hint: str
     field: str | None = None
+    accepted: Literal["unknown"] | None = None
+    """On ``504 accept_timeout``: whether the message was accepted is not known
+    (gateways/acceptance.py)."""
 
 
 class ErrorEnvelope(msgspec.Struct, frozen=True):
@@ -29,8 +34,11 @@ def error_response(
     *,
     field: str | None = None,
     headers: dict[str, str] | None = None,
+    accepted: Literal["unknown"] | None = None,
 ) -> Response:
-    body = ErrorEnvelope(ErrorBody(code=code, message=message, hint=hint, field=field))
+    body = ErrorEnvelope(
+        ErrorBody(code=code, message=message, hint=hint, field=field, accepted=accepted)
+    )
     return Response(_ENCODER.encode(body), status, headers=headers, media_type="application/json")
 
 

@@ -20,6 +20,7 @@ from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
 from gateways.metrics import metrics_endpoint
 from gateways.origins import Cors, Reach
+from gateways.readiness import Readiness
 from gateways.schemas import Health, Ready
 from gateways.streamtokens import StreamTokens
 
@@ -164,6 +165,7 @@ def create_app(
             Middleware(
                 Guard, tokens=TokenTable(tokens), stream_tokens=stream_tokens, max_body=max_body
             ),
+            Middleware(Readiness, runtime=rt),
         ],
     )
     app.state.runtime = rt

@@ -78,7 +78,10 @@ _ERRORS = {
     "409": "The resource is in a state that refuses this (the code says which)",
     "413": "The body is over the size cap",
     "415": "A request body must be `application/json`",
-    "503": "The node is not ready, or a dependency is down",
+    "503": "The node is not ready (`not_ready`), or Postgres (`store_unavailable`) or NATS "
+    "(`nats_unavailable`) is down: nothing was done, retry after `Retry-After` seconds",
+    "504": "The session did not accept the message in time: `accepted` is `unknown` (with an "
+    "Idempotency-Key a stored turn is answered as a replay instead); retry with the same key",
 }
 SSE = "text/event-stream"
 CURSOR = "^([A-Za-z0-9_-]{22})?$"
@@ -126,7 +129,9 @@ def _op(
             "required": True,
             "content": {"application/json": {"schema": _ref(body)}},
         }
-    for status in errors:
+    # Every operation but the always-open ones (health, this document: errors=()) is refused
+    # with 503 while the node is not ready (gateways/readiness.py).
+    for status in (*errors, "503") if errors and "503" not in errors else errors:
         op["responses"][status] = _json(_ref(ErrorEnvelope), _ERRORS[status])
     op["security"] = [] if open_ else [{"bearer": []}]
     return op
@@ -250,7 +255,7 @@ def _paths() -> dict[str, Any]:
                 },
                 params=[AGENT, idem],
                 body=MessageBody,
-                errors=("400", "401", "404", "413", "503"),
+                errors=("400", "401", "404", "413", "503", "504"),
             )
         },
         agent + "/turns": {

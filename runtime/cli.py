@@ -193,7 +193,11 @@ _url_option = click.option(
 @_url_option
 @click.option("--agent", default="assistant", show_default=True, help="Agent id.")
 @click.option("--session", help="Session key (default: the agent's api:default).")
-@click.option("--idempotency-key", help="Sending the same key and text again makes no new turn.")
+@click.option(
+    "--idempotency-key",
+    help="Sending the same key and text again makes no new turn (default: a fresh random key, "
+    "which a retry of this send reuses).",
+)
 @click.option("--no-stream", is_flag=True, help="Print the turn id once accepted; do not follow.")
 @click.argument("text")
 def send(
@@ -215,7 +219,8 @@ def send(
         if no_stream:
             click.echo(accepted.turn_id)
             return
-        replayed = ", replayed: accepted before" if accepted.replayed else ""
+        # Without --idempotency-key a replay is the client's own retry: nothing to tell.
+        replayed = ", replayed: accepted before" if accepted.replayed and idempotency_key else ""
         click.secho(
             f"turn {accepted.turn_id}, session {accepted.session_key}{replayed}", dim=True, err=True
         )

@@ -53,6 +53,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 8
     writer_queue: int = 10_000
     drain_seconds: float = 10.0
+    accept_timeout_seconds: float = 30.0
+    """How long ``POST …/messages`` waits for its session to accept the message before it
+    answers ``504 accept_timeout`` (DISPACH_ACCEPT_TIMEOUT_SECONDS)."""
     session_idle_seconds: float = 60.0
     """A session actor idle this long is passivated (DISPACH_SESSION_IDLE_SECONDS)."""
     max_sessions: int = 1024
@@ -110,6 +113,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "pool_size": _int(env, "DISPACH_PG_POOL", 8),
         "writer_queue": _int(env, "DISPACH_WRITER_QUEUE", 10_000),
         "drain_seconds": float(_int(env, "DISPACH_DRAIN_SECONDS", 10)),
+        "accept_timeout_seconds": float(_int(env, "DISPACH_ACCEPT_TIMEOUT_SECONDS", 30)),
         "session_idle_seconds": float(_int(env, "DISPACH_SESSION_IDLE_SECONDS", 60)),
         "max_sessions": _int(env, "DISPACH_MAX_SESSIONS", 1024),
         "outbox_poll_seconds": _int(env, "DISPACH_OUTBOX_POLL_MS", 1000) / 1000,
@@ -129,6 +133,12 @@ def validate(settings: Settings) -> None:
             f"DISPACH_LOG_FORMAT={settings.log_format!r} is not a log format",
             "use json, console or auto (console on a terminal, json otherwise)",
             "DISPACH_LOG_FORMAT",
+        )
+    if settings.accept_timeout_seconds < 1:
+        raise ConfigError(
+            f"DISPACH_ACCEPT_TIMEOUT_SECONDS={settings.accept_timeout_seconds:g} is under 1",
+            "use a whole number of seconds, 1 or more (default 30)",
+            "DISPACH_ACCEPT_TIMEOUT_SECONDS",
         )
     if not 0 < settings.port < 65536:
         raise ConfigError(

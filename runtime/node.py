@@ -42,6 +42,7 @@ from eventstore.feed import Feed
 from gateways import create_app
 from gateways.ingress import Ingress
 from gateways.protocol import EdgeWebSocket, Limits, http_protocol
+from gateways.readiness import NATS, POSTGRES, PROJECTIONS
 from gateways.schemas import AgentDetail, ToolInfo
 from runtime import manifest
 from runtime.config import Settings
@@ -73,6 +74,7 @@ class Node:
         self.scheduler: pykka.ActorRef[Any] | None = None
         self._phase = "starting"
         self._started = time.monotonic()
+        self.accept_timeout = settings.accept_timeout_seconds
 
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
@@ -87,13 +89,14 @@ class Node:
         return int((time.monotonic() - self._started) * 1000)
 
     def readiness(self) -> tuple[bool, str, dict[str, bool]]:
+        # Asked by the gateway for every request (gateways/readiness.py): attribute reads only.
         checks = {
-            "postgres": self.store is not None,
-            "nats": self.nc is not None
+            POSTGRES: self.store is not None and self.store.health.up,
+            NATS: self.nc is not None
             and self.nc.is_connected
             and self._hints_nc is not None
             and self._hints_nc.is_connected,
-            "projections": bool(self._tasks) and not any(t.done() for t in self._tasks),
+            PROJECTIONS: bool(self._tasks) and not any(t.done() for t in self._tasks),
         }
         return self._phase == "ready" and all(checks.values()), self._phase, checks
 
@@ -137,6 +140,7 @@ class Node:
         await self._hints.start()
         applied = await store.aopen()
         self.store = store
+        self._tasks.append(asyncio.create_task(store.probe(), name="postgres-probe"))
         for projection in ASYNC:
             runner = ProjectionRunner(store, projection)
             self._tasks.append(asyncio.create_task(runner.run(), name=f"projection-{runner.name}"))

@@ -14,6 +14,7 @@ import httpx2
 import pytest
 from click.testing import CliRunner
 
+from actors.ids import keyed_turn_id
 from gateways.client import Accepted, Client, ClientError, SseFrame, StreamFrame, parse
 from runtime.cli import main
 from tests.conftest import ApiFactory, ApiServer
@@ -431,3 +432,60 @@ def session_turns(api: ApiServer, session: str) -> list[dict[str, Any]]:
     with httpx2.Client(base_url=api.url, headers=api.headers) as http:
         listed = http.get("/v1/agents/assistant/turns", params={"sessionKey": session}).json()
         return list(listed["turns"])
+
+
+# ---- a lost answer: the message is sent again with its Idempotency-Key ----------------------
+
+LOSE_THE_ANSWER = b"HTTP/1.1 "  # the proxy cuts the first connection as the answer starts
+
+
+@pytest.mark.asyncio
+async def test_send_retries_a_lost_answer_with_its_key_and_makes_one_turn(api: ApiServer) -> None:
+    proxy = CuttingProxy(api.port, LOSE_THE_ANSWER)
+    proxied = await proxy.start()
+
+    def run() -> Accepted:
+        with Client(proxied, api.token) as client:
+            return client.send("assistant", "hello once", session_key="lost-1")
+
+    try:
+        accepted = await asyncio.to_thread(run)
+    finally:
+        await proxy.stop()
+    assert proxy.connections == 2  # the first answer was lost, the message sent again
+    assert accepted.turn_id.startswith("t_k")  # a keyed turn: the client sent a key
+    assert accepted.replayed  # the node had accepted the first send; the retry replayed it
+    turns = await asyncio.to_thread(session_turns, api, "lost-1")
+    assert [t["turnId"] for t in turns] == [accepted.turn_id]
+
+
+@pytest.mark.asyncio
+async def test_cli_resends_a_lost_answer_under_one_key_and_honours_an_explicit_key(
+    api: ApiServer,
+) -> None:
+    for command in ("send", "chat"):
+        proxy = CuttingProxy(api.port, LOSE_THE_ANSWER)
+        proxied = await proxy.start()
+        session = f"lost-{command}"
+        try:
+            if command == "send":
+                sent = ("send", "--url", proxied, "--session", session, "--no-stream", "hello")
+                code, out, err = await dispach(api, *sent)
+                assert code == 0 and out.strip().startswith("t_k"), err
+            else:
+                chat = ("chat", "--url", proxied, "--session", session)
+                code, out, err = await dispach(api, *chat, stdin=b"hello\n/quit\n")
+                assert code == 0 and "assistant> " in out and "error" not in err, err
+        finally:
+            await proxy.stop()
+        assert proxy.connections >= 2
+        turns = await asyncio.to_thread(session_turns, api, session)
+        assert len(turns) == 1 and turns[0]["turnId"].startswith("t_k"), command
+
+    # An explicit key still wins over the default one.
+    args = ("send", "--no-stream", "--session", "mine", "--idempotency-key", "mine-1", "hi")
+    first = await dispach(api, *args)
+    again = await dispach(api, *args)
+    assert first[0] == 0 and again[0] == 0, first[2] + again[2]
+    assert first[1].strip() == again[1].strip() == keyed_turn_id("assistant", "mine-1")
+    assert len(await asyncio.to_thread(session_turns, api, "mine")) == 1

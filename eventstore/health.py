@@ -1,0 +1,119 @@
+"""What this process knows of Postgres right now: up, or down since when and why.
+
+The gateway answers ``503 store_unavailable`` at once while Postgres is known down, instead of
+letting each request wait out the pool's or the writer's 30 s. Two witnesses keep the state,
+neither adding work per request:
+
+- the group-commit writer, which sees every append: a reconnection that fails marks Postgres
+  down, a commit marks it up;
+- :meth:`PostgresHealth.probe`, a ``SELECT 1`` once a second on a connection of its own (not
+  one of the pools'), bounded by a timeout, which also covers a node that is idle or only reads.
+
+The latest observation wins. The state is one tuple assigned whole, so the writer thread and the
+event loop can both write it and readers see either the old or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import psycopg
+import structlog
+
+log = structlog.get_logger("dispach.postgres")
+
+PROBE_INTERVAL_S = 1.0
+PROBE_TIMEOUT_S = 1.0
+
+
+class PostgresHealth:
+    def __init__(self, conninfo: str) -> None:
+        self._conninfo = conninfo
+        self._state: tuple[bool, float, str] = (True, time.monotonic(), "")
+        self.outages = 0
+        """How many times Postgres went down, as seen here."""
+
+    @property
+    def up(self) -> bool:
+        return self._state[0]
+
+    @property
+    def reason(self) -> str:
+        """Why Postgres is down ("" while it is up)."""
+        return self._state[2]
+
+    def observe(self, up: bool, reason: str = "") -> None:
+        """Record what a witness saw (any thread). Only a change is logged."""
+        was = self._state[0]
+        if up and was:
+            return
+        self._state = (up, time.monotonic(), "" if up else reason)
+        if up:
+            log.info("postgres_up")
+        elif was:
+            self.outages += 1
+            log.warning("postgres_down", reason=reason)
+
+    async def probe(
+        self,
+        after_outage: Callable[[], Awaitable[None]] | None = None,
+        *,
+        interval: float = PROBE_INTERVAL_S,
+        timeout: float = PROBE_TIMEOUT_S,
+    ) -> None:
+        """Probe until cancelled (the node runs this as a task). ``after_outage`` runs at the
+        first good probe after an outage (the store renews its pools' connections there)."""
+        conn: psycopg.AsyncConnection[Any] | None = None
+        check: asyncio.Future[psycopg.AsyncConnection[Any]] | None = None
+        seen = self.outages
+        try:
+            while True:
+                check = asyncio.ensure_future(self._check(conn))
+                # Waited on, not timed out: a cancelled query first asks the server to cancel
+                # it (psycopg allows that 10 s), and a hung server would hold the verdict back.
+                await asyncio.wait({check}, timeout=timeout)
+                if not check.done():
+                    self.observe(False, f"no answer to a probe within {timeout:g} s")
+                    check.cancel()
+                    await asyncio.wait({check})
+                    await _discard(conn)
+                    conn = None
+                elif (error := check.exception()) is not None:
+                    self.observe(False, str(error).strip() or type(error).__name__)
+                    await _discard(conn)
+                    conn = None
+                else:
+                    conn = check.result()
+                    self.observe(True)
+                    if seen != self.outages and after_outage is not None:
+                        seen = self.outages
+                        await after_outage()
+                await asyncio.sleep(interval)
+        finally:
+            if check is not None and not check.done():
+                check.cancel()
+            await _discard(conn)
+
+    async def _check(
+        self, conn: psycopg.AsyncConnection[Any] | None
+    ) -> psycopg.AsyncConnection[Any]:
+        if conn is None or conn.closed:
+            conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, autocommit=True, connect_timeout=2, application_name="dispach-probe"
+            )
+        try:
+            await conn.execute(b"SELECT 1")
+        except BaseException:
+            await _discard(conn)
+            raise
+        return conn
+
+
+async def _discard(conn: psycopg.AsyncConnection[Any] | None) -> None:
+    if conn is not None:
+        with contextlib.suppress(psycopg.Error, OSError):
+            await conn.close()
