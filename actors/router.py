@@ -18,7 +18,16 @@ import structlog
 
 from actors.bridge import InFlight
 from actors.engine import Engine
-from actors.messages import ClearSession, Refused, Reply, ResolveApproval, StopTurn, Submit
+from actors.messages import (
+    TOO_DEEP,
+    ClearSession,
+    Refused,
+    Reply,
+    ResolveApproval,
+    StopTurn,
+    Submit,
+    too_deep,
+)
 from eventstore import subjects
 
 log = structlog.get_logger("dispach.router")
@@ -92,7 +101,11 @@ async def _serve(
     decoder: msgspec.json.Decoder[C],
     handle: Callable[[C], Awaitable[Reply]],
 ) -> None:
-    """Decode a command and answer it; a body that is not one gets ``invalid_command``."""
+    """Decode a command and answer it; a body that is not one gets ``invalid_command``, one
+    nested too deeply to decode ``body_too_deep``."""
+    if too_deep(msg.data):
+        await _answer(msg, Reply(error=TOO_DEEP))
+        return
     try:
         command = decoder.decode(msg.data)
     except msgspec.DecodeError as e:  # not JSON, or not a command

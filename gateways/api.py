@@ -18,7 +18,7 @@ import nats.aio.client
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
-from actors.messages import Accepted, Refused, StopResult
+from actors.messages import TOO_DEEP, Accepted, Refused, StopResult, too_deep
 from actors.outbox import Channel
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
 from eventstore.catalogue import EndReason
@@ -179,18 +179,32 @@ def agent(request: Request) -> AgentDetail:
     return visible_agent(request, request.path_params["agent"], "agent")
 
 
-async def read_body(request: Request, max_bytes: int = 1_000_000) -> bytes:
+MAX_BODY = 1_000_000
+"""The body cap when the app names none (``create_app``'s ``max_body`` sets the node's)."""
+
+
+async def read_body(request: Request, max_bytes: int | None = None) -> bytes:
+    """The request's body within the node's bounds, whatever its transfer encoding: at most
+    ``DISPACH_MAX_BODY`` bytes (``app.state.max_body``; less where a route passes a smaller
+    ``max_bytes``), else ``413 body_too_large``; and, since every route's body is JSON, nested
+    at most :data:`~actors.messages.MAX_DEPTH` levels, else ``400 body_too_deep`` (checked here,
+    before any decoding, so that no route can forget it)."""
+    cap: int = getattr(request.app.state, "max_body", MAX_BODY)
+    limit = cap if max_bytes is None else min(cap, max_bytes)
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
-        if len(body) > max_bytes:
+        if len(body) > limit:
             raise ApiError(
                 413,
                 "body_too_large",
-                f"the request body is over {max_bytes} bytes",
+                f"the request body is over {limit} bytes",
                 "send a smaller body",
             )
-    return bytes(body)
+    raw = bytes(body)
+    if too_deep(raw):
+        raise ApiError(400, TOO_DEEP.code, TOO_DEEP.message, TOO_DEEP.hint)
+    return raw
 
 
 def decode_body(raw: bytes, kind: type[Any]) -> Any:

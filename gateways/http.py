@@ -169,6 +169,7 @@ def create_app(
         ],
     )
     app.state.runtime = rt
+    app.state.max_body = max_body  # read_body's cap, on every transfer encoding
     app.state.stream_tokens = stream_tokens
     return app
 

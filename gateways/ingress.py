@@ -18,6 +18,7 @@ import structlog
 from actors import idempotency
 from actors.bridge import InFlight
 from actors.messages import (
+    TOO_DEEP,
     Accepted,
     Cleared,
     ClearSession,
@@ -27,6 +28,7 @@ from actors.messages import (
     Resolved,
     StopTurn,
     Submit,
+    too_deep,
 )
 from eventstore import subjects
 from eventstore.catalogue import Deliver, Sender
@@ -166,6 +168,10 @@ def check(message: IngressMessage) -> Refused | None:
                        message=f"the session key has {len(message.session_key)} characters",
                        hint=f"use 1 to {MAX_SESSION_KEY} characters, e.g. 'api:default'",
                        field="sessionKey")  # fmt: skip
+    if not _SOMETHING.search(message.session_key):
+        return Refused(code="session_key_invalid", message="the session key is blank",
+                       hint="use a key with a visible character, e.g. 'api:default'",
+                       field="sessionKey")  # fmt: skip
     if message.idempotency_key is not None:
         return idempotency.key_refused(message.idempotency_key)
     return None
@@ -202,6 +208,8 @@ class Ingress:
         if agent_id not in self._agents:
             return Refused(code="agent_not_found", message=f"no agent {agent_id!r}",
                            hint=f"known agents: {', '.join(sorted(self._agents))}")  # fmt: skip
+        if too_deep(data):  # before decoding: msgspec would recurse into it
+            return TOO_DEEP
         try:
             message = _DECODE.decode(data)
         except msgspec.DecodeError as e:

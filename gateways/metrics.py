@@ -6,17 +6,34 @@ exposes all of them (eventstore, actors and gateways alike).
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
+
+from gateways.api import principal
+from gateways.errors import error_response
 
 STREAM_SUBSCRIBERS = Gauge(
     "dispach_stream_subscribers",
     "Clients streaming from this node now, by kind (sse_turn, sse_events, ws).",
     ["kind"],
 )
+WS_SLOW_CONSUMERS = Counter(
+    "dispach_ws_slow_consumers",
+    "WebSockets that fell too far behind and were dropped (closed 4008, or aborted when they did "
+    "not take the close in time).",
+)
 
 
 async def metrics_endpoint(request: Request) -> Response:
+    """The whole process's series, for an unscoped token only: the series are not per agent's
+    token (their labels name every agent, channel and tool), so a token scoped to some agents
+    gets ``403 metrics_forbidden``. With no token configured (a loopback node) it is open."""
+    caller = principal(request)
+    if caller.agents is not None or caller.stream is not None:
+        return error_response(403, "metrics_forbidden",
+                              "the metrics cover every agent; this token is scoped to some",
+                              "scrape /metrics with an unscoped token (one without @agents in "
+                              "DISPACH_API_TOKEN)")  # fmt: skip
     # Rendering walks a few hundred samples in memory: well under a millisecond, fine on the loop.
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

@@ -514,7 +514,8 @@ def _constrain(components: dict[str, Any]) -> None:
     body = components["MessageBody"]["properties"]
     body["text"].update(minLength=1, maxLength=MAX_TEXT, pattern=NOT_BLANK)
     no_nul = {"pattern": NO_NUL}
-    session = {"minLength": 1, "maxLength": MAX_SESSION_KEY, "pattern": SESSION_KEY}
+    session = {"minLength": 1, "maxLength": MAX_SESSION_KEY, "pattern": SESSION_KEY,
+               "allOf": [{"pattern": NOT_BLANK}]}  # fmt: skip
     body["sessionKey"].update(session)
     for name in ("Deliver", "Sender"):
         for prop in components[name]["properties"].values():

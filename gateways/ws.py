@@ -8,8 +8,9 @@ Client frames (JSON objects with ``type``): ``message``, ``subscribe``, ``unsubs
 
 Memory per socket is bounded: subscriptions catch up from the log instead of buffering, and the
 frames waiting for a slow socket are capped; past the cap the socket is closed with
-:data:`SLOW_CONSUMER` and the client resumes each subscription from its last cursor. Closing a
-socket never stops a turn.
+:data:`SLOW_CONSUMER` and the client resumes each subscription from its last cursor. A client
+that does not take even the close frame within :data:`CLOSE_GRACE_S` has its connection aborted
+(see :func:`_shed`). Closing a socket never stops a turn.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import Any, Literal
+import socket
+import struct
+from typing import Any, Literal, Protocol, cast
 
 import msgspec
 import structlog
+from starlette import types as asgi
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from actors.messages import Refused
+from actors.messages import TOO_DEEP, Refused, too_deep
 from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
 from eventstore.catalogue import Deliver, TurnEnd
 from eventstore.feed import Scope
@@ -36,6 +40,9 @@ log = structlog.get_logger("dispach.ws")
 
 SLOW_CONSUMER = 4008
 """Close code: the socket did not read its frames fast enough; resume from your cursors."""
+CLOSE_GRACE_S = 2.0
+"""Seconds a slow consumer has, from its overflow, to take the close frame before its
+connection is aborted."""
 MAX_PENDING = 1024
 """Frames that may wait for one socket before it counts as a slow consumer."""
 MAX_SUBSCRIPTIONS = 64
@@ -145,6 +152,9 @@ class Socket:
     # --- frames --------------------------------------------------------------------------------
 
     async def handle(self, raw: str) -> None:
+        if too_deep(raw):  # before decoding: msgspec would recurse into it
+            self.error(TOO_DEEP.code, TOO_DEEP.message, TOO_DEEP.hint)
+            return
         try:
             frame = _DECODE.decode(raw)
         except msgspec.ValidationError as e:
@@ -361,7 +371,70 @@ class Socket:
         return False
 
 
-async def websocket_endpoint(ws: WebSocket) -> None:
+class _Transport(Protocol):
+    """The part of an asyncio (or uvloop) transport that :func:`_shed` uses."""
+
+    def abort(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def get_write_buffer_size(self) -> int: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
+
+
+def _transport_of(receive: asgi.Receive) -> _Transport | None:
+    """The connection under a WebSocket, to abort it. ASGI can only close a socket with a close
+    frame, which waits behind the frames the client has not read: uvicorn's ``send`` waits for
+    the transport to be writable, and ``transport.close()`` waits for its buffer to flush, so a
+    client that never reads would keep its connection (and our send buffer) for good. uvicorn
+    (either WebSocket protocol) passes the app its protocol's bound ``receive``, which no
+    middleware of ours wraps, and the protocol holds its transport. Another server: None, and
+    a slow consumer is only closed."""
+    transport = getattr(getattr(receive, "__self__", None), "transport", None)
+    needs = ("abort", "is_closing", "get_write_buffer_size", "get_extra_info")
+    usable = all(callable(getattr(transport, name, None)) for name in needs)
+    return cast("_Transport", transport) if usable else None
+
+
+async def _shed(ws: WebSocket, transport: _Transport | None) -> None:
+    """Drop a slow consumer: close it with :data:`SLOW_CONSUMER` as soon as it can take a frame,
+    and abort the connection unless the closing handshake is over within :data:`CLOSE_GRACE_S`
+    (the client read up to the close frame and answered it, and uvicorn closed the transport).
+    Nothing short of that says the client has the frame: what left this process may still sit
+    in the kernel's send buffer, which a closed socket keeps trying to deliver for minutes."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CLOSE_GRACE_S
+    with contextlib.suppress(Exception):  # TimeoutError: not writable in time; or it is gone
+        async with asyncio.timeout_at(deadline):
+            await ws.close(SLOW_CONSUMER, "slow_consumer: reconnect and resume from cursors")
+    if transport is not None:
+        loop.call_at(deadline, _abort_unless_closed, transport)
+
+
+def _abort_unless_closed(transport: _Transport) -> None:
+    unsent = transport.get_write_buffer_size()
+    if transport.is_closing() and not unsent:
+        return  # closed after the client's answer (or it went away)
+    log.info("ws_aborted", reason="slow_consumer", unsent=unsent)
+    # A reset, not a close: a closed socket's kernel buffer would still wait for the client to
+    # read it (an orphan holding the connection for minutes); with SO_LINGER 0 it is dropped.
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+class WebSocketEndpoint:
+    """The ASGI app of ``/v1/ws``: a plain ASGI callable (Starlette routes it as is), so that it
+    sees the server's own ``receive`` (:func:`_transport_of`)."""
+
+    async def __call__(self, scope: asgi.Scope, receive: asgi.Receive, send: asgi.Send) -> None:
+        await serve(WebSocket(scope, receive, send), _transport_of(receive))
+
+
+async def serve(ws: WebSocket, transport: _Transport | None = None) -> None:
     offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",")]
     await ws.accept(subprotocol=SUBPROTOCOL if offered and offered[0] == SUBPROTOCOL else None)
     sock = Socket(ws)
@@ -376,15 +449,17 @@ async def websocket_endpoint(ws: WebSocket) -> None:
             await asyncio.wait({reader, writer, overflow}, return_when=asyncio.FIRST_COMPLETED)
             if sock.overflowed.is_set():
                 log.info("ws_slow_consumer", pending=sock.outbox.qsize())
-                with contextlib.suppress(Exception):
-                    await ws.close(
-                        SLOW_CONSUMER, "slow_consumer: reconnect and resume from cursors"
-                    )
+                metrics.WS_SLOW_CONSUMERS.inc()
+                writer.cancel()  # what is queued is dropped: the client resumes from its cursors
+                await _shed(ws, transport)
         finally:
             tasks = [t for t in (reader, writer, overflow, *sock.subs.values()) if t is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+websocket_endpoint = WebSocketEndpoint()
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 import pytest_asyncio
+from prometheus_client import REGISTRY
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
@@ -797,14 +798,20 @@ async def test_a_socket_that_does_not_read_is_closed_4008_and_resumes_from_its_c
             await send(ws, type="subscribe", agentId="helper", chunks=True, sub="all")
             await receive_until(ws, kind("stream.live"))
             ws.transport.pause_reading()
+            shed = REGISTRY.get_sample_value("dispach_ws_slow_consumers_total") or 0.0
             turn_id = await post(http, "helper", "talk a lot")
-            await wait_end(slow.node, turn_id, timeout=60)  # not reading meanwhile
+            async with asyncio.timeout(60):  # not reading meanwhile, until the server gives up
+                while (REGISTRY.get_sample_value("dispach_ws_slow_consumers_total") or 0) <= shed:
+                    await asyncio.sleep(0.02)
+            # Read again within the grace (gateways.ws.CLOSE_GRACE_S): the close frame arrives
+            # (a client that never reads is aborted instead: tests/test_bad_input.py).
             ws.transport.resume_reading()
             first: list[dict[str, Any]] = []
             with pytest.raises(ConnectionClosed) as closed:
                 await drain(ws, first)
         assert closed.value.rcvd is not None, "the server did not close the socket"
         assert closed.value.rcvd.code == 4008 and "slow_consumer" in closed.value.rcvd.reason
+        await wait_end(slow.node, turn_id, timeout=60)
         events = await stored(http, "helper", turn_id)
         got = [e for e in envelopes(first) if e["turnId"] == turn_id]
         assert got and len(got) < len(events)
