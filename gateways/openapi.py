@@ -4,13 +4,15 @@ handlers decode and encode (gateways/schemas.py), so it cannot drift from them."
 from __future__ import annotations
 
 import functools
+import re
+import zoneinfo
 from typing import Any
 
 import msgspec
 
 from actors.messages import SessionContext, TurnContext
 from actors.schedule.plan import ScheduleSpec
-from eventstore import WireEvent
+from eventstore import REGISTRY, WireEvent
 from gateways.api import STATUSES
 from gateways.approvals import ApprovalList, Decision, DecisionAnswer
 from gateways.context import MAX_INPUT
@@ -87,6 +89,41 @@ SSE = "text/event-stream"
 CURSOR = "^([A-Za-z0-9_-]{22})?$"
 NO_NUL = "^[^\u0000]*$"
 SESSION_KEY = "^[^/\u0000]+$"
+_SPACE = "[" + NOT_BLANK.removeprefix("[^")
+"""What str.strip() and str.split() take for white space."""
+TURN_ID = "^(t_[0-9a-z]{17,})?$"
+"""A turn id (actors/ids.py: ``t_`` + a base36 time and 8 random digits, or ``t_k`` + 16 digits
+of a key's hash), or empty (no page bound)."""
+# A schedule's expression by its kind, as actors/schedule/plan.py reads it. cron: 5 fields, or 6
+# with a leading seconds field, of what cronsim parses (numbers, names, * , / - # L W in any
+# case); a pattern cannot say which expressions never fire. every: a duration in d h m s order
+# (the server also wants 1 s to 366 days). at: ISO 8601 as datetime.fromisoformat reads it,
+# which starts with a 4-digit year (the server also wants it at most ten years ahead).
+_CRON_FIELD = "[0-9A-Za-z*,/#-]+"
+EXPRESSIONS = {
+    "cron": f"^{_SPACE}*{_CRON_FIELD}({_SPACE}+{_CRON_FIELD}){{4,5}}{_SPACE}*$",
+    "every": "^([0-9]{1,6}d([0-9]{1,7}h)?([0-9]{1,9}m)?([0-9]{1,10}s)?"
+    "|[0-9]{1,7}h([0-9]{1,9}m)?([0-9]{1,10}s)?|[0-9]{1,9}m([0-9]{1,10}s)?|[0-9]{1,10}s)$",
+    "at": "^[0-9]{4}[^\u0000]*$",
+}
+SCHEDULE_SESSION = f"^(isolated|shared:[^/\u0000]*{NOT_BLANK[:-1]}/\u0000][^/\u0000]*)$"
+"""``isolated``, or ``shared:`` and a key that is not blank and has no '/' or NUL."""
+
+
+def event_types() -> str:
+    """The ``types`` query parameter as the streams read it (gateways/sse.py): comma-separated
+    event types of the registry, each item stripped, empty items ignored."""
+    name = "(" + "|".join(re.escape(t) for t in sorted(REGISTRY)) + ")"
+    item = f"{_SPACE}*{name}?{_SPACE}*"
+    return f"^{item}(,{item})*$"
+
+
+def time_zones() -> list[str]:
+    """The IANA names this node's tz database has, as the enum of a schedule's ``timezone``;
+    'localtime' is refused (each host's own zone). The server takes any name ZoneInfo loads,
+    which also includes the database's posix/ and right/ copies, not listed here. The empty
+    name is UTC, as null is."""
+    return ["", *sorted(zoneinfo.available_timezones() - {"localtime"})]
 
 
 def _ref(kind: type[Any]) -> dict[str, str]:
@@ -215,7 +252,13 @@ def _paths() -> dict[str, Any]:
     chunks = _param(
         "chunks", "query", "Include model.chunk text deltas", {"type": "boolean"}, required=False
     )
-    types = _param("types", "query", "Comma-separated event types", required=False)
+    types = _param(
+        "types",
+        "query",
+        "Comma-separated event types (docs/events.md lists them)",
+        {"type": "string", "pattern": event_types()},
+        required=False,
+    )
     return {
         "/v1/health": {
             "get": _op("Liveness", {"200": _json(_ref(Health), "Alive")}, errors=(), open_=True)
@@ -272,7 +315,13 @@ def _paths() -> dict[str, Any]:
                         {"type": "string", "enum": list(STATUSES)},
                         required=False,
                     ),
-                    _param("before", "query", "nextBefore of the previous page", required=False),
+                    _param(
+                        "before",
+                        "query",
+                        "nextBefore of the previous page (a turn id of this agent)",
+                        {"type": "string", "pattern": TURN_ID},
+                        required=False,
+                    ),
                     LIMIT,
                 ],
             )
@@ -530,6 +579,32 @@ def _constrain(components: dict[str, Any]) -> None:
     spec = components["ScheduleSpec"]
     spec["required"] = sorted({*spec.get("required", []), "deliver"})
     spec["properties"]["task"].update(minLength=1, pattern=NOT_BLANK)
+    # The expression by kind, the zone, the session: see EXPRESSIONS, time_zones and
+    # SCHEDULE_SESSION; what no schema can say (a cron that never fires, a duration's bounds, an
+    # `at` too far ahead) is still refused with schedule_invalid.
+    spec["allOf"] = [
+        {
+            "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+            "then": {"properties": {"expr": {"pattern": pattern}}},
+        }
+        for kind, pattern in EXPRESSIONS.items()
+    ]
+    spec["properties"]["expr"]["description"] = (
+        "By `kind`: cron, 5 fields (or 6, seconds first) that must fire some day; every, a "
+        "duration like `1h30m` from 1 s to 366 days; at, ISO 8601 at most ten years ahead "
+        "(without an offset it is read in `timezone`)"
+    )
+    spec["properties"]["timezone"]["anyOf"][0] = {"type": "string", "enum": time_zones()}
+    spec["properties"]["timezone"]["description"] = (
+        "An IANA name of the node's tz database (listed); null or empty is UTC"
+    )
+    # null is the type's "not given", refused like a missing delivery (schedule_missing_delivery).
+    deliver = spec["properties"]["deliver"]
+    deliver["anyOf"] = [kind for kind in deliver["anyOf"] if kind != {"type": "null"}]
+    deliver.pop("default", None)
+    spec["properties"]["session"].update(
+        pattern=SCHEDULE_SESSION, maxLength=len("shared:") + MAX_SESSION_KEY
+    )
     # A stream token is for exactly one turn or one session (stream_token_target_invalid).
     token = components["TokenRequest"]
     token["properties"].update(

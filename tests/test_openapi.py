@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 import httpx
+import jsonschema
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -66,8 +67,9 @@ CONFORMANCE = [
 # Plus, for generated requests: valid ones accepted, invalid ones refused.
 CHECKS = [*CONFORMANCE, positive_data_acceptance, negative_data_rejection]
 # Refusals of schema-valid requests that no schema could prevent: `before` must name a turn of
-# this agent that exists; a delivery must name a channel the agent has; a schedule's expression,
-# time zone and session key are checked by the server (cron syntax, the IANA database).
+# this agent that exists; a delivery must name a channel the agent has; a schedule's expression
+# must fire (a cron that never does, a duration's bounds, an `at` ten years ahead), and a zone
+# may be one of the database's posix/ or right/ copies (gateways/openapi.py says the rest).
 # (operation, error code, error field)
 _SCHEDULE = "/v1/agents/{agent}/schedules"
 _SCHEDULE_WRITES = (f"POST {_SCHEDULE}", f"PUT {_SCHEDULE}/{{schedule}}",
@@ -92,14 +94,13 @@ BY_DATA = frozenset(
     }
 )
 # Operations no generated request can make succeed here: stop (the pinned turn has ended), a
-# schedule's creation and replacement (a valid cron expression or duration, a real time zone, and
-# for a replacement the path's id: beyond a schema; test_schedule_writes_by_hand sends them), the
+# schedule's replacement (the body's id must be the path's: beyond a schema;
+# test_schedule_writes_by_hand sends them), the
 # channel webhook (the default agent has no channel in webhook mode), an approval's answer (no
 # tool of the default agent asks; tests/test_approvals.py answers real ones).
 NEEDS_DATA = frozenset({
     STOP,
     "POST /v1/agents/{agent}/approvals/{approval}",
-    f"POST {_SCHEDULE}",
     f"PUT {_SCHEDULE}/{{schedule}}",
     f"PATCH {_SCHEDULE}/{{schedule}}",
     "POST /v1/channels/{channel}/webhook/{agent}",
@@ -497,6 +498,74 @@ async def test_schedule_writes_by_hand(api: ApiServer) -> None:
     )
     assert report["problems"] == [], "\n".join(report["problems"])
     assert [status for status, _ in report["answers"]] == [status for _, status in cases]
+
+
+def fits(raw: dict[str, Any], schema: dict[str, Any], value: object) -> bool:
+    """Whether ``value`` is valid for ``schema`` (a part of the document ``raw``)."""
+    validator = jsonschema.Draft202012Validator({**schema, "components": raw["components"]})
+    return validator.is_valid(value)
+
+
+def query_schema(raw: dict[str, Any], path: str, name: str) -> dict[str, Any]:
+    params = raw["paths"][path]["get"]["parameters"]
+    schema: dict[str, Any] = next(p for p in params if p["name"] == name)["schema"]
+    return schema
+
+
+SPEC = {"id": "agree", "kind": "cron", "expr": "0 9 * * 1-5", "timezone": "Europe/Berlin",
+        "task": "hi", "deliver": "none", "session": "shared:daily"}  # fmt: skip
+# Schedule bodies the server refuses for what a schema can say, and ones it takes.
+SCHEDULES: list[tuple[dict[str, Any], bool]] = [
+    ({}, True),
+    ({"timezone": None}, True),
+    ({"timezone": "Mars/Olympus_Mons"}, False),
+    ({"timezone": "localtime"}, False),
+    ({"timezone": ""}, True),  # UTC, as null is
+    ({"expr": "0 9 * *"}, False),
+    ({"expr": "0 9 * * 1 2 3"}, False),
+    ({"expr": "every day"}, False),
+    ({"expr": "0 0 9 * * mon-fri"}, True),
+    ({"kind": "every", "expr": "1h30m"}, True),
+    ({"kind": "every", "expr": "90x"}, False),
+    ({"kind": "every", "expr": ""}, False),
+    ({"kind": "at", "expr": "2030-01-31T09:00"}, True),
+    ({"kind": "at", "expr": "tomorrow"}, False),
+    ({"session": "isolated"}, True),
+    ({"session": "shared: "}, False),
+    ({"session": "shared:a/b"}, False),
+    ({"session": "daily"}, False),
+    ({"deliver": None}, False),
+]
+
+
+@pytest.mark.asyncio
+async def test_the_document_refuses_what_the_server_refuses(api: ApiServer) -> None:
+    """The constraints the document gives a schedule's fields and the streams' `types` and the
+    turns list's `before` are the server's own checks, value by value."""
+    raw = await document(api)
+    turn_id, _ = await finished_turn(api)
+    spec_schema = {"$ref": "#/components/schemas/ScheduleSpec"}
+    disagree = []
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers) as client:
+        for n, (change, valid) in enumerate(SCHEDULES):
+            body = {**SPEC, "id": f"agree-{n}", **change}
+            answer = await client.post("/v1/agents/assistant/schedules", json=body)
+            if (answer.status_code == 201, fits(raw, spec_schema, body)) != (valid, valid):
+                disagree.append(f"{change}: {answer.status_code} {answer.text}")
+        types = query_schema(raw, "/v1/events", "types")
+        stream = f"/v1/agents/assistant/turns/{turn_id}/stream"
+        assert query_schema(raw, "/v1/agents/{agent}/turns/{turn_id}/stream", "types") == types
+        for value, valid in [("turn.end", True), (" turn.end , model.chunk,", True),
+                             ("turn.strat", False), ("turn.end,nope", False)]:  # fmt: skip
+            answer = await client.get(stream, params={"types": value})
+            if (answer.status_code == 200, fits(raw, types, value)) != (valid, valid):
+                disagree.append(f"types={value!r}: {answer.status_code} {answer.text[:200]}")
+        before = query_schema(raw, "/v1/agents/{agent}/turns", "before")
+        for value, valid in [(turn_id, True), ("", True), ("nope", False), ("t_x", False)]:
+            answer = await client.get("/v1/agents/assistant/turns", params={"before": value})
+            if (answer.status_code == 200, fits(raw, before, value)) != (valid, valid):
+                disagree.append(f"before={value!r}: {answer.status_code} {answer.text[:200]}")
+    assert disagree == [], "\n".join(disagree)
 
 
 # NUL cannot be stored by Postgres (neither in text nor in jsonb): a request that carries one is
