@@ -27,7 +27,9 @@ import structlog
 log = structlog.get_logger("dispach.postgres")
 
 PROBE_INTERVAL_S = 1.0
-PROBE_TIMEOUT_S = 1.0
+PROBE_TIMEOUT_S = 3.0
+"""A probe unanswered this long is a hung server; generous, as a busy loop on a loaded machine
+can delay the answer of a healthy one (a stopped server refuses the connection at once)."""
 
 
 class PostgresHealth:
