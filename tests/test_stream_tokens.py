@@ -407,3 +407,42 @@ def test_a_reconnect_at_or_past_the_end_gets_204(serve: ServeFactory, tmp_path: 
             assert ended.content == b""
             after = read_turn(http, path, after=cursors[-1], **params)
             assert [e for e, _, _ in after] == ["stream.replay", "stream.ended"]
+
+
+def test_a_stream_asked_for_while_the_node_starts_is_not_refused_for_good(
+    serve: ServeFactory, tmp_path: Path
+) -> None:
+    """An EventSource that reconnects while its node restarts must not be answered with an
+    error status: Chromium then fails it for good (readyState CLOSED, no more reconnects), so
+    the page never resumes. A refused connection is fine (it retries), and so is a 200 event
+    stream (one that says ``retry:`` and closes, or one that waits for the node). Asked from the
+    moment the process starts until it is ready, with Last-Event-ID as a browser would."""
+    node = token_node(serve, tmp_path)
+    turn_id = finished_turn(node)
+    token = issue(node, agentId="assistant", turnId=turn_id)["token"]
+    with node.http() as http:
+        cursors = [e["cursor"] for e in http.get(f"/v1/agents/assistant/turns/{turn_id}/events")
+                   .json()["events"]]  # fmt: skip
+    path = f"/v1/agents/assistant/turns/{turn_id}/stream"
+    headers = {"Accept": "text/event-stream", "Last-Event-ID": cursors[1]}
+    node.kill()
+    node.start(wait=False)
+    answers: list[int | str] = []
+    ready: list[int] = []
+    deadline = time.monotonic() + 60
+    with anonymous(node) as http:
+        while not ready or ready[-1] != 200:
+            assert time.monotonic() < deadline, (answers, ready, node.output()[-2000:])
+            try:
+                with http.stream("GET", path, params={"st": token}, headers=headers,
+                                 timeout=2) as response:  # fmt: skip
+                    kind = response.headers.get("content-type", "")
+                    answers.append(f"{response.status_code} {kind.split(';')[0]}")
+                ready.append(http.get("/v1/ready", timeout=2).status_code)
+            except httpx.TransportError:
+                answers.append("refused")
+                time.sleep(0.01)
+        with http.stream("GET", path, params={"st": token}, headers=headers) as response:
+            assert response.status_code == 200, "ready: the stream is served"
+    wrong = [a for a in answers if a not in ("refused", "200 text/event-stream")]
+    assert wrong == [], f"answers a browser would give up on: {wrong} (ready: {ready})"
