@@ -696,6 +696,7 @@ def test_a_cors_fetch_works_only_from_an_allowed_origin(
 # --- 2. with a token: an allowed page streams a live turn ----------------------------------------
 
 
+@pytest.mark.timeout(240)  # two node starts, a resumed turn and the 10 s window: 45-100 s here
 def test_an_allowed_pages_event_source_reads_a_live_turn_across_a_kill_and_stops_after_the_end(
     serve: ServeFactory,
     pages: Callable[[], PageServer],
