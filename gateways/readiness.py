@@ -10,13 +10,18 @@ a 30 s wait on a dependency that is known down.
 - ``nats_unavailable`` while NATS is down, for what sends a command to a session's actor over
   NATS: every method but ``GET``/``HEAD``, and the WebSocket. Reads go on from Postgres.
 
-Health, readiness, the API document and ``/metrics`` are always answered; a path no route
+A refused SSE stream is the exception: it gets an empty ``200`` event stream with ``retry:``, the
+one answer after which a browser's EventSource reconnects. Health, readiness, the API document
+and ``/metrics`` are always answered; a path no route
 serves still gets its ``404``. A refused request did nothing: retrying it is safe (a message
 with the same ``Idempotency-Key`` at most replays its turn).
 """
 
 from __future__ import annotations
 
+import re
+
+from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -32,6 +37,7 @@ PROJECTIONS = "projections"
 RETRY_AFTER_S = 1
 ALWAYS_OPEN = OPEN_PATHS | {"/metrics"}
 _READS = ("GET", "HEAD")
+_SSE = re.compile(r"/v1/agents/[^/]+/turns/[^/]+/stream|/v1/events")
 
 
 class Readiness:
@@ -49,6 +55,8 @@ class Readiness:
                 code, message, hint = refusal
                 if scope["type"] == "websocket":
                     await deny(scope, send, 503, code, message, hint)
+                elif scope["method"] == "GET" and _SSE.fullmatch(scope["path"]):
+                    await _come_back(scope, receive, send, code, message)
                 else:
                     headers = {"Retry-After": str(RETRY_AFTER_S)}
                     response = error_response(503, code, message, hint, headers=headers)
@@ -77,6 +85,17 @@ class Readiness:
         failing = ", ".join(name for name, good in checks.items() if not good)
         return ("not_ready", f"the node is not ready (waiting on: {failing})",
                 f"{retry}; GET /v1/ready says when it is ready")  # fmt: skip
+
+
+async def _come_back(scope: Scope, receive: Receive, send: Send, code: str, message: str) -> None:
+    """A stream asked for now: an empty event stream that says when to reconnect. A browser's
+    ``EventSource`` fails for good on any answer but 200 (it would never resume the turn it
+    watched across a restart); on this one it reconnects after ``retry`` with its
+    ``Last-Event-ID``, as after any dropped stream. The Python client reconnects the same way."""
+    body = f"retry: {RETRY_AFTER_S * 1000}\n: {code}: {message}\n\n".encode()
+    headers = {"Retry-After": str(RETRY_AFTER_S), "Cache-Control": "no-cache"}
+    response = Response(body, 200, headers, media_type="text/event-stream; charset=utf-8")
+    await response(scope, receive, send)
 
 
 def _routed(scope: Scope) -> bool:
