@@ -62,7 +62,9 @@ def create_app(
         return error_response(
             503,
             "not_ready",
-            f"the node is {phase} (waiting on: {failing})",
+            f"the node is {phase} (waiting on: {failing})"
+            if phase != "ready"
+            else f"the node cannot serve now (down: {failing})",
             "retry shortly; a starting node becomes ready once Postgres and NATS are up",
             headers={"Retry-After": "1"},
         )
