@@ -96,8 +96,13 @@ class PostgresHealth:
                         await after_outage()
                 await asyncio.sleep(interval)
         finally:
-            if check is not None and not check.done():
+            # Cancelled (the node stops) with a check in flight, or one that just finished: its
+            # connection is closed too, not left to the garbage collector.
+            if check is not None:
                 check.cancel()
+                await asyncio.wait({check})
+                if not check.cancelled() and check.exception() is None:
+                    await _discard(check.result())
             await _discard(conn)
 
     async def _check(
