@@ -9,6 +9,7 @@ import zoneinfo
 from typing import Any
 
 import msgspec
+from cronsim.cronsim import SYMBOLIC_DAYS, SYMBOLIC_MONTHS
 
 from actors.messages import SessionContext, TurnContext
 from actors.schedule.plan import ScheduleSpec
@@ -91,21 +92,40 @@ NO_NUL = "^[^\u0000]*$"
 SESSION_KEY = "^[^/\u0000]+$"
 _SPACE = "[" + NOT_BLANK.removeprefix("[^")
 """What str.strip() and str.split() take for white space."""
-TURN_ID = "^(t_[0-9a-z]{17,})?$"
+TURN_ID = "^(t_[0-9a-z]{17})?$"
 """A turn id (actors/ids.py: ``t_`` + a base36 time and 8 random digits, or ``t_k`` + 16 digits
 of a key's hash), or empty (no page bound)."""
+
+
+def _cron_field(*names: str, extra: str = "") -> str:
+    """One cron field: numbers and ``* , / -``, plus the names (any case) and characters it
+    takes (cronsim's Field.parse)."""
+    words = ["".join(f"[{c}{c.lower()}]" for c in name) for name in names]
+    return "(" + "|".join([f"[0-9*,/{extra}-]", *words]) + ")+"
+
+
+_CRON_NUMBER = _cron_field()
+_CRON = (
+    f"({_CRON_NUMBER}{_SPACE}+)?"  # seconds, when there are six fields
+    + f"{_CRON_NUMBER}{_SPACE}+{_CRON_NUMBER}{_SPACE}+"  # minute, hour
+    + f"{_cron_field('LW', 'L')}{_SPACE}+"  # day of month
+    + f"{_cron_field(*SYMBOLIC_MONTHS)}{_SPACE}+"  # month
+    + _cron_field(*SYMBOLIC_DAYS, "L", extra="#")  # day of week
+)
 # A schedule's expression by its kind, as actors/schedule/plan.py reads it. cron: 5 fields, or 6
-# with a leading seconds field, of what cronsim parses (numbers, names, * , / - # L W in any
-# case); a pattern cannot say which expressions never fire. every: a duration in d h m s order
-# (the server also wants 1 s to 366 days). at: ISO 8601 as datetime.fromisoformat reads it,
-# which starts with a 4-digit year (the server also wants it at most ten years ahead).
-_CRON_FIELD = "[0-9A-Za-z*,/#-]+"
+# with a leading seconds field, each of what cronsim parses in it (numbers, * , / -, names of
+# months and days, L, LW, #); a pattern cannot say which values are in range, nor which
+# expressions never fire. every: a duration in d h m s order (the server also wants 1 s to 366
+# days). at: ISO 8601 as datetime.fromisoformat reads it, which starts with a 4-digit year (the
+# server also wants it at most ten years ahead).
 EXPRESSIONS = {
-    "cron": f"^{_SPACE}*{_CRON_FIELD}({_SPACE}+{_CRON_FIELD}){{4,5}}{_SPACE}*$",
+    "cron": f"^{_SPACE}*{_CRON}{_SPACE}*$",
     "every": "^([0-9]{1,6}d([0-9]{1,7}h)?([0-9]{1,9}m)?([0-9]{1,10}s)?"
     "|[0-9]{1,7}h([0-9]{1,9}m)?([0-9]{1,10}s)?|[0-9]{1,9}m([0-9]{1,10}s)?|[0-9]{1,10}s)$",
     "at": "^[0-9]{4}[^\u0000]*$",
 }
+NOT_ZERO = {"every": {"not": {"pattern": "^(0+d)?(0+h)?(0+m)?(0+s)?$"}}}
+"""What else a kind's expression must be: a duration is not all zeros (under a second)."""
 SCHEDULE_SESSION = f"^(isolated|shared:[^/\u0000]*{NOT_BLANK[:-1]}/\u0000][^/\u0000]*)$"
 """``isolated``, or ``shared:`` and a key that is not blank and has no '/' or NUL."""
 
@@ -146,8 +166,13 @@ def _param(
         "in": where,
         "description": description,
         "required": where == "path" if required is None else required,
+        # No NUL anywhere in a URL: the server refuses one (bad_request_url) before any route.
         "schema": schema
-        or ({"type": "string", "minLength": 1} if where == "path" else {"type": "string"}),
+        or (
+            {"type": "string", "minLength": 1, "pattern": NO_NUL}
+            if where == "path"
+            else {"type": "string", "pattern": NO_NUL}
+        ),
     }
 
 
@@ -585,7 +610,7 @@ def _constrain(components: dict[str, Any]) -> None:
     spec["allOf"] = [
         {
             "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
-            "then": {"properties": {"expr": {"pattern": pattern}}},
+            "then": {"properties": {"expr": {"pattern": pattern, **NOT_ZERO.get(kind, {})}}},
         }
         for kind, pattern in EXPRESSIONS.items()
     ]

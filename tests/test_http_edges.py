@@ -27,6 +27,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from gateways.protocol import EdgeProtocol, EdgeWebSocket
+from runtime.config import from_env
+from runtime.errors import ConfigError
 from tests.conftest import Servers
 from tests.test_node import Serve
 
@@ -301,6 +303,21 @@ def test_keep_alive_requests_are_served_as_before(node: Serve) -> None:
             assert status == 200 and json.loads(body)["status"] == "ok"
         sock.sendall(get("/v1/health") * 2)  # pipelined
         assert read_answer(sock)[0] == read_answer(sock)[0] == 200
+
+
+# ---- the settings ---------------------------------------------------------------------------
+
+
+def test_the_limits_are_settings_with_defaults_that_a_client_never_meets() -> None:
+    settings = from_env({})
+    assert (settings.head_timeout_seconds, settings.body_timeout_seconds) == (10, 30)
+    assert settings.max_connections_per_client == 256
+    assert from_env({"DISPACH_MAX_CONNECTIONS_PER_CLIENT": "0"}).max_connections_per_client == 0
+    for name, value in [("DISPACH_HEAD_TIMEOUT_SECONDS", "0"), ("DISPACH_BODY_TIMEOUT_SECONDS",
+                        "soon"), ("DISPACH_MAX_CONNECTIONS_PER_CLIENT", "-1")]:  # fmt: skip
+        with pytest.raises(ConfigError) as caught:
+            from_env({name: value})
+        assert caught.value.field == name and caught.value.hint
 
 
 # ---- the uvicorn it is written for ---------------------------------------------------------------

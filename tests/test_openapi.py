@@ -525,9 +525,13 @@ SCHEDULES: list[tuple[dict[str, Any], bool]] = [
     ({"expr": "0 9 * * 1 2 3"}, False),
     ({"expr": "every day"}, False),
     ({"expr": "0 0 9 * * mon-fri"}, True),
+    ({"expr": "0 0 L,LW * 5L,1#2"}, True),
+    ({"expr": "a b c d e"}, False),
     ({"kind": "every", "expr": "1h30m"}, True),
     ({"kind": "every", "expr": "90x"}, False),
     ({"kind": "every", "expr": ""}, False),
+    ({"kind": "every", "expr": "0d00h0s"}, False),
+    ({"kind": "every", "expr": "0d1s"}, True),
     ({"kind": "at", "expr": "2030-01-31T09:00"}, True),
     ({"kind": "at", "expr": "tomorrow"}, False),
     ({"session": "isolated"}, True),
@@ -561,7 +565,8 @@ async def test_the_document_refuses_what_the_server_refuses(api: ApiServer) -> N
             if (answer.status_code == 200, fits(raw, types, value)) != (valid, valid):
                 disagree.append(f"types={value!r}: {answer.status_code} {answer.text[:200]}")
         before = query_schema(raw, "/v1/agents/{agent}/turns", "before")
-        for value, valid in [(turn_id, True), ("", True), ("nope", False), ("t_x", False)]:
+        for value, valid in [(turn_id, True), ("", True), ("nope", False), ("t_x", False),
+                             ("a\x00", False)]:  # fmt: skip
             answer = await client.get("/v1/agents/assistant/turns", params={"before": value})
             if (answer.status_code == 200, fits(raw, before, value)) != (valid, valid):
                 disagree.append(f"before={value!r}: {answer.status_code} {answer.text[:200]}")
