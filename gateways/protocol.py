@@ -124,6 +124,11 @@ class _Phase(enum.Enum):
     CLOSING = "answered here: dropping input until the linger ends"
 
 
+# The members as module globals: read several times a request, and an Enum member's lookup on
+# its class costs ten times a global's in Python 3.11.
+WAITING, HEAD, BODY, APP, UPGRADED, CLOSING = _Phase
+
+
 class EdgeProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the timeouts, the head bound, the per-address cap and
     the envelope (see the module's docstring). Make it with :func:`http_protocol`."""
@@ -133,7 +138,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._phase = _Phase.WAITING
+        self._phase = WAITING
         self._since = 0.0
         """When the phase began, or (a body) when its last bytes came."""
         self._timer: asyncio.TimerHandle | None = None
@@ -164,7 +169,7 @@ class EdgeProtocol(HttpToolsProtocol):
                 )
                 return
             self._peer = address
-        self._enter(_Phase.WAITING)
+        self._enter(WAITING, self.limits.head_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -174,19 +179,19 @@ class EdgeProtocol(HttpToolsProtocol):
             self._peer = None
 
     def data_received(self, data: bytes) -> None:
-        if self._phase is _Phase.CLOSING:
+        if self._phase is CLOSING:
             return  # answered: drop what still comes until the linger ends
         self._ended = False
         self._fed = len(data)
         super().data_received(data)
-        if self._phase is _Phase.HEAD and not self._ended:
+        if self._phase is HEAD and not self._ended:
             self._head_bytes += len(data)  # all of it is head: no message ended in it
             if self._head_bytes > MAX_HEAD:
                 self._answer(*_head_too_large().args)
 
     def handle_websocket_upgrade(self) -> None:
         self._stop_timer()
-        self._phase = _Phase.UPGRADED
+        self._phase = UPGRADED
         super().handle_websocket_upgrade()
         # The transport now reports to the WebSocket protocol and never calls this one's
         # connection_lost: the connection's count goes with it.
@@ -217,17 +222,17 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        if self._phase is _Phase.WAITING:
-            self._phase = _Phase.HEAD  # the first head's time counts from the connection's start
+        if self._phase is WAITING:
+            self._phase = HEAD  # the first head's time counts from the connection's start
         else:
-            self._enter(_Phase.HEAD)
+            self._enter(HEAD, self.limits.head_timeout)
 
     def on_headers_complete(self) -> None:
         # A head that ended in this data was not counted yet: measure it when it may be over.
         if self._head_bytes + self._fed > MAX_HEAD and _size(self.url, self.headers) > MAX_HEAD:
             raise _head_too_large()  # before uvicorn starts the app on it
         super().on_headers_complete()
-        self._enter(_Phase.BODY)
+        self._enter(BODY, self.limits.body_timeout)
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
@@ -236,7 +241,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._ended = True
-        self._enter(_Phase.APP)
+        self._phase = APP  # no bound: the app's time, then uvicorn's keep-alive timeout
 
     # --- timeouts ---------------------------------------------------------------------------
 
@@ -249,16 +254,14 @@ class EdgeProtocol(HttpToolsProtocol):
             case _:
                 return None
 
-    def _enter(self, phase: _Phase) -> None:
-        """Start ``phase`` now. One timer serves every phase: it is moved only when the new
-        deadline is earlier, and a timer that fires early looks again (so a keep-alive
-        connection's fast requests cost a timer per ``head_timeout``, not one per request)."""
+    def _enter(self, phase: _Phase, limit: float) -> None:
+        """Start ``phase``, bounded by ``limit`` seconds, now. One timer serves every phase: it
+        is moved only when the new deadline is earlier, and a timer that fires early looks
+        again (so a keep-alive connection's fast requests cost a timer per ``head_timeout``, not
+        one per request)."""
         self._phase = phase
-        self._since = self.loop.time()
-        limit = self._limit()
-        if limit is None:
-            return
-        deadline = self._since + limit
+        self._since = now = self.loop.time()
+        deadline = now + limit
         if self._timer is not None:
             if self._timer_at <= deadline:
                 return
@@ -287,7 +290,7 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         match self._phase:
             case _Phase.WAITING:
-                self._phase = _Phase.CLOSING
+                self._phase = CLOSING
                 self.transport.close()
             case _Phase.HEAD:
                 self._timed_out(f"the request head was not complete within {limit:g} s", limit)
@@ -311,15 +314,15 @@ class EdgeProtocol(HttpToolsProtocol):
     ) -> None:
         """Answer with the envelope, stop writing, linger, close; or only close when another
         response is (or is due) on the wire before this one could be."""
-        if self._phase is _Phase.CLOSING:
+        if self._phase is CLOSING:
             return
         cycle = self.cycle
-        if self._phase is _Phase.BODY:
+        if self._phase is BODY:
             free = cycle is None or not cycle.response_started
         else:  # the cycle, if any, is an earlier request's
             free = cycle is None or cycle.response_complete
         free = free and not self.pipeline
-        self._phase = _Phase.CLOSING
+        self._phase = CLOSING
         self._stop_timer()
         if not free:
             self.transport.close()
