@@ -1,5 +1,5 @@
-"""The node's HTTP/1.1 and WebSocket protocols: uvicorn's, with the edges a server reached
-without a proxy in front needs.
+"""The node's HTTP/1.1 protocol: uvicorn's, with the edges a server reached without a proxy in
+front needs.
 
 uvicorn 0.54.0 (``http="httptools"``) leaves these to a proxy:
 
@@ -18,8 +18,7 @@ uvicorn 0.54.0 (``http="httptools"``) leaves these to a proxy:
 - **The error envelope for what no route sees.** Malformed HTTP (a bad ``Content-Length``, NUL or
   non-ASCII bytes in the path, invalid header bytes, a request line that is not one) got uvicorn's
   plain text ``Invalid HTTP request received.``: here ``400 http_request_invalid`` with the
-  parser's reason. A refused WebSocket handshake got websockets' plain text: here
-  ``websocket_handshake_invalid`` with websockets' status and reason.
+  parser's reason. (A refused WebSocket handshake: gateways/wsprotocol.py.)
 
 Every answer made here carries ``Connection: close``; then the server stops writing, reads and
 drops what the client still sends for up to ``LINGER`` seconds, and closes. Closing at once would
@@ -42,19 +41,16 @@ import enum
 import functools
 import http
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import httptools
 import msgspec
 import structlog
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.datastructures import Headers
-from websockets.http11 import Response
-from websockets.server import ServerProtocol
 
 from gateways.errors import ErrorBody, ErrorEnvelope
+from gateways.wsprotocol import EdgeWebSocket
 
 log = structlog.get_logger("dispach.http")
 
@@ -68,7 +64,6 @@ HTTP_HINT = (
     "or control characters), header lines `Name: value`, and at most one of Content-Length "
     "(digits) or Transfer-Encoding: chunked"
 )
-JSON = "application/json"
 _ENCODE = msgspec.json.Encoder().encode
 
 
@@ -345,52 +340,6 @@ class EdgeProtocol(HttpToolsProtocol):
         return self.client[0] if self.client else None
 
 
-class EdgeWebSocket(WebSocketsSansIOProtocol):
-    """uvicorn's WebSocket protocol (websockets' sans-I/O one, which ``ws="auto"`` picks) with
-    two changes: a refused handshake is answered with the envelope, and the connection's count
-    (taken over from :class:`EdgeProtocol` at the upgrade) is released when it closes."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.release: Callable[[], None] | None = None
-        # Keep the handshake protocol uvicorn built (its extensions, size cap, logger) and
-        # change only how it words a refusal.
-        self.conn.__class__ = _Handshake
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        if self.release is not None:
-            self.release()
-            self.release = None
-
-
-class _Handshake(ServerProtocol):
-    """websockets' server side, refusing a handshake with the envelope instead of plain text."""
-
-    def reject(self, status: http.HTTPStatus | int, text: str) -> Response:
-        plain = super().reject(status, text)
-        reason = text.splitlines()[0].removeprefix("Failed to open a WebSocket connection")
-        reason = reason.strip(":. ") or "see the node's log"
-        failed = plain.status_code >= 500
-        body = _ENCODE(
-            ErrorEnvelope(
-                ErrorBody(
-                    code="internal_error" if failed else "websocket_handshake_invalid",
-                    message=f"the WebSocket handshake was refused: {reason}",
-                    hint="retry; if it persists, the node's log has the cause"
-                    if failed
-                    else "open it with a WebSocket client: GET with Upgrade: websocket, "
-                    "Connection: Upgrade, Sec-WebSocket-Key and Sec-WebSocket-Version: 13",
-                )
-            )
-        )
-        headers = Headers(plain.headers)
-        for name, value in (("Content-Length", str(len(body))), ("Content-Type", JSON)):
-            del headers[name]  # a Headers item is multi-valued: setting one would add a second
-            headers[name] = value
-        return Response(plain.status_code, plain.reason_phrase, headers, body)
-
-
 def _response(
     status: int, code: str, message: str, hint: str, headers: Sequence[tuple[bytes, bytes]]
 ) -> bytes:
@@ -398,7 +347,7 @@ def _response(
     lines = [b"HTTP/1.1 %d %s" % (status, http.HTTPStatus(status).phrase.encode())]
     lines += [name + b": " + value for name, value in headers]
     lines += [
-        b"content-type: " + JSON.encode(),
+        b"content-type: application/json",
         b"content-length: %d" % len(body),
         b"connection: close",
     ]

@@ -41,9 +41,10 @@ from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from gateways import create_app
 from gateways.ingress import Ingress
-from gateways.protocol import EdgeWebSocket, Limits, http_protocol
+from gateways.protocol import Limits, http_protocol
 from gateways.readiness import NATS, POSTGRES, PROJECTIONS
 from gateways.schemas import AgentDetail, ToolInfo
+from gateways.wsprotocol import EdgeWebSocket
 from runtime import manifest
 from runtime.config import Settings
 from runtime.embedded import EmbeddedServices

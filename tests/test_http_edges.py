@@ -26,7 +26,8 @@ from psycopg import sql
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-from gateways.protocol import EdgeProtocol, EdgeWebSocket
+from gateways.protocol import EdgeProtocol
+from gateways.wsprotocol import EdgeWebSocket
 from runtime.config import from_env
 from runtime.errors import ConfigError
 from tests.conftest import Servers
@@ -324,7 +325,8 @@ def test_the_limits_are_settings_with_defaults_that_a_client_never_meets() -> No
 
 
 def test_the_protocols_override_methods_this_uvicorn_has() -> None:
-    """gateways/protocol.py changes uvicorn 0.54.0's protocols by overriding their methods: one
+    """gateways/protocol.py and wsprotocol.py change uvicorn 0.54.0's protocols by overriding
+    their methods: one
     that uvicorn renamed would silently be dead code. Upgrading uvicorn means re-reading
     uvicorn/protocols/http/httptools_impl.py and websockets_sansio_impl.py, then this pin."""
     assert version("uvicorn") == "0.54.0"
