@@ -9,10 +9,8 @@ open never counts against another's cap.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
-import os
 import socket
 import time
 import uuid
@@ -25,6 +23,7 @@ import pytest
 from psycopg import sql
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.sync.client import connect as connect_ws
 
 from gateways.protocol import EdgeProtocol
 from gateways.wsprotocol import EdgeWebSocket
@@ -225,27 +224,16 @@ def test_past_the_cap_a_connection_gets_503_and_a_freed_slot_is_used_again(node:
 
 def test_websockets_count_against_the_cap_until_they_close(node: Serve) -> None:
     source = "127.0.0.23"
-    key = base64.b64encode(os.urandom(16)).decode()
-    upgrade = get(
-        "/v1/ws",
-        "Upgrade: websocket",
-        "Connection: Upgrade",
-        f"Sec-WebSocket-Key: {key}",
-        "Sec-WebSocket-Version: 13",
-    )
-    held = []
-    try:
-        for _ in range(CAP):
-            sock = connect(node, source)
-            sock.sendall(upgrade)
-            sock.settimeout(10)
-            assert sock.recv(65536).startswith(b"HTTP/1.1 101 "), "not upgraded"
-            held.append(sock)
+    with contextlib.ExitStack() as held:
+        for n in range(CAP):
+            ws = held.enter_context(
+                connect_ws(f"ws://127.0.0.1:{node.port}/v1/ws", sock=connect(node, source))
+            )
+            assert json.loads(ws.recv(timeout=10))["type"] == "ws.open"
+            ws.send(json.dumps({"type": "ping", "ref": str(n)}))  # upgraded, and it talks
+            assert json.loads(ws.recv(timeout=10)) == {"type": "pong", "ref": str(n)}
         with connect(node, source) as extra:
             envelope(read_to_eof(extra, 5), 503, "too_many_connections")
-    finally:
-        for sock in held:
-            sock.close()
     eventually_served(node, source)
 
 
