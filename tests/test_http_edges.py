@@ -35,7 +35,7 @@ from tests.test_node import Serve
 pytestmark = pytest.mark.slow
 
 HEAD_S = 2
-BODY_S = 2
+BODY_S = 3
 CAP = 6
 SLACK = 1.5
 """How late past a timeout an answer may come (a loaded 2-core machine)."""
