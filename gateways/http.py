@@ -10,7 +10,7 @@ import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
@@ -140,6 +140,17 @@ def create_app(
             "check the method and path against GET /v1/openapi.json",
         )
 
+    async def client_gone(request: Request, exc: Exception) -> Response:
+        # The client left (or its body timed out) while the body was read: nobody reads this
+        # answer, and it is not a failure of the server's (no traceback in the log).
+        log.info("request_abandoned", method=request.method, path=request.url.path)
+        return error_response(
+            400,
+            "client_disconnected",
+            "the connection ended before the request body did",
+            "send the whole body",
+        )
+
     async def internal_error(request: Request, exc: Exception) -> Response:
         log.error("request_failed", method=request.method, path=request.url.path, exc_info=exc)
         return error_response(
@@ -154,6 +165,7 @@ def create_app(
         exception_handlers={
             ApiError: api_error,
             HTTPException: http_error,
+            ClientDisconnect: client_gone,
             Exception: internal_error,
         },
         # Outermost first: where the request comes from (Host, Origin), then CORS for the

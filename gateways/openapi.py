@@ -635,7 +635,7 @@ def _constrain(components: dict[str, Any]) -> None:
     token["properties"].update(
         agentId={"type": "string", "minLength": 1},
         turnId={"type": "string", "minLength": 1},
-        sessionKey={"type": "string", **session, "allOf": [{"pattern": NOT_BLANK}]},
+        sessionKey={"type": "string", **session},
         ttlS={"type": "integer", "minimum": 1, "maximum": MAX_TTL_S},
     )
     token["oneOf"] = [
