@@ -143,7 +143,9 @@ class Guard:
         """Check a stream token (``?st=``): only on the streams, only to read, only while valid
         and signed by this node's secret. On success the caller sees only the token's agent."""
         reads = scope["type"] == "websocket" or scope["method"] in ("GET", "HEAD")
-        if not (reads and _STREAMS.fullmatch(scope["path"])) or self.stream_tokens is None:
+        path = scope["path"]
+        stream = path == WEBSOCKET_PATH or SSE_STREAMS.fullmatch(path)
+        if not (reads and stream) or self.stream_tokens is None:
             return (403, "stream_token_read_only",
                     f"a stream token cannot be used for {scope.get('method', 'GET')} "
                     f"{scope['path']}", STREAM_READ_ONLY_HINT)  # fmt: skip
@@ -157,8 +159,10 @@ class Guard:
 STREAM_READ_ONLY_HINT = "a stream token only reads streams; send the API token for anything else"
 JSON_TYPES = frozenset({"application/json"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-# Where a stream token may be presented: a turn's SSE stream, the firehose, the WebSocket.
-_STREAMS = re.compile(r"/v1/agents/[^/]+/turns/[^/]+/stream|/v1/events|/v1/ws")
+SSE_STREAMS = re.compile(r"/v1/agents/[^/]+/turns/[^/]+/stream|/v1/events")
+"""The SSE streams' paths: a turn's stream and the firehose. A stream token is accepted there
+and on the WebSocket."""
+WEBSOCKET_PATH = "/v1/ws"
 
 
 def _body_refusal(

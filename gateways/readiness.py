@@ -19,14 +19,12 @@ with the same ``Idempotency-Key`` at most replays its turn).
 
 from __future__ import annotations
 
-import re
-
 from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateways.api import Runtime
-from gateways.auth import OPEN_PATHS
+from gateways.auth import OPEN_PATHS, SSE_STREAMS
 from gateways.errors import deny, error_response
 
 POSTGRES = "postgres"
@@ -37,7 +35,6 @@ PROJECTIONS = "projections"
 RETRY_AFTER_S = 1
 ALWAYS_OPEN = OPEN_PATHS | {"/metrics"}
 _READS = ("GET", "HEAD")
-_SSE = re.compile(r"/v1/agents/[^/]+/turns/[^/]+/stream|/v1/events")
 
 
 class Readiness:
@@ -55,7 +52,7 @@ class Readiness:
                 code, message, hint = refusal
                 if scope["type"] == "websocket":
                     await deny(scope, send, 503, code, message, hint)
-                elif scope["method"] == "GET" and _SSE.fullmatch(scope["path"]):
+                elif scope["method"] == "GET" and SSE_STREAMS.fullmatch(scope["path"]):
                     await _come_back(scope, receive, send, code, message)
                 else:
                     headers = {"Retry-After": str(RETRY_AFTER_S)}
