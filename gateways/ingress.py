@@ -144,6 +144,29 @@ _NO_NODE = Refused(code="no_node", message="no node serves sessions right now",
                    hint="start a node (`dispach serve`) against this NATS")  # fmt: skip
 
 
+def session_key_problem(key: str) -> Refused | None:
+    """Why ``key`` cannot name a session (checked by :func:`check`, and where a session is
+    named without a message: stream tokens), or None."""
+    if "\x00" in key:  # check() has said nul_character by then: this is for the other callers
+        return Refused(code="session_key_invalid", message="the session key contains a NUL",
+                       hint="remove the \\u0000 characters", field="sessionKey")  # fmt: skip
+    if "/" in key:
+        return Refused(code="session_key_invalid",
+                       message=f"the session key {key!r} contains '/'",
+                       hint="use ':' or '.' as a separator: session keys are path segments in "
+                       "the API", field="sessionKey")  # fmt: skip
+    if not key or len(key) > MAX_SESSION_KEY:
+        return Refused(code="session_key_invalid",
+                       message=f"the session key has {len(key)} characters",
+                       hint=f"use 1 to {MAX_SESSION_KEY} characters, e.g. 'api:default'",
+                       field="sessionKey")  # fmt: skip
+    if not _SOMETHING.search(key):
+        return Refused(code="session_key_invalid", message="the session key is blank",
+                       hint="use a key with a visible character, e.g. 'api:default'",
+                       field="sessionKey")  # fmt: skip
+    return None
+
+
 def check(message: IngressMessage) -> Refused | None:
     """What every door checks before a message reaches its session (HTTP, WS and NATS alike)."""
     for field, value in _texts(message):
@@ -158,20 +181,9 @@ def check(message: IngressMessage) -> Refused | None:
         return Refused(code="text_too_long",
                        message=f"the text has {len(message.text)} characters",
                        hint=f"send at most {MAX_TEXT} characters", field="text")  # fmt: skip
-    if "/" in message.session_key:
-        return Refused(code="session_key_invalid",
-                       message=f"the session key {message.session_key!r} contains '/'",
-                       hint="use ':' or '.' as a separator: session keys are path segments in "
-                       "the API", field="sessionKey")  # fmt: skip
-    if not message.session_key or len(message.session_key) > MAX_SESSION_KEY:
-        return Refused(code="session_key_invalid",
-                       message=f"the session key has {len(message.session_key)} characters",
-                       hint=f"use 1 to {MAX_SESSION_KEY} characters, e.g. 'api:default'",
-                       field="sessionKey")  # fmt: skip
-    if not _SOMETHING.search(message.session_key):
-        return Refused(code="session_key_invalid", message="the session key is blank",
-                       hint="use a key with a visible character, e.g. 'api:default'",
-                       field="sessionKey")  # fmt: skip
+    problem = session_key_problem(message.session_key)
+    if problem is not None:
+        return problem
     if message.idempotency_key is not None:
         return idempotency.key_refused(message.idempotency_key)
     return None

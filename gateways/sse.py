@@ -9,7 +9,6 @@ they never move a client's resume point.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
@@ -30,11 +29,12 @@ from gateways.api import (
     not_ready,
     principal,
     read_body,
+    refused,
     runtime,
     visible_agent,
 )
 from gateways.errors import json_response
-from gateways.ingress import MAX_SESSION_KEY, NOT_BLANK
+from gateways.ingress import session_key_problem
 from gateways.schemas import AcceptedBody
 from gateways.streamtokens import DEFAULT_TTL_S, MAX_TTL_S, StreamGrant, StreamTokens, grant
 
@@ -85,7 +85,6 @@ def event_frame(event: RecordedEvent) -> bytes:
 
 
 PING = b": ping\n\n"
-_SOMETHING = re.compile(NOT_BLANK)
 
 
 def feed_of(request: HTTPConnection) -> Feed:
@@ -332,19 +331,8 @@ async def create_stream_token(request: Request) -> Response:
     agent_id = visible_agent(request, body.agent_id, "agentId").id
     if body.turn_id is not None:
         await load_turn(request, body.turn_id, agent_id)  # 404 unless the turn is the agent's
-    elif (
-        not body.session_key
-        or not _SOMETHING.search(body.session_key)
-        or len(body.session_key) > MAX_SESSION_KEY
-        or any(c in body.session_key for c in "/\x00")
-    ):
-        raise ApiError(
-            400,
-            "session_key_invalid",
-            f"{body.session_key!r} is not a session key",
-            "pass the sessionKey the messages were sent with",
-            "sessionKey",
-        )
+    elif body.session_key is not None and (problem := session_key_problem(body.session_key)):
+        raise refused(problem)
     ttl_s = int(body.ttl_s)
     given = grant(agent_id, turn=body.turn_id, session=body.session_key, ttl_s=ttl_s)
     issued = IssuedToken(

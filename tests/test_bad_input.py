@@ -14,7 +14,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ from gateways.ws import CLOSE_GRACE_S
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer, Servers
 from tests.fakes import FakeAnthropic, Reply
+from tests.test_api_http import eventually
 from tests.test_api_streams import opened, receive, send, slow
 from tests.test_node import Serve
 from tests.test_turns_anthropic import KEY_ENV, manifest
@@ -59,19 +60,6 @@ def nested(levels: int, inner: str = "1") -> str:
 
 DEEP = '{"text": "hi", "x": ' + nested(1000) + "}"
 """The probe of the issue: 1,000 levels in 1.9 KB (msgspec raised RecursionError on it)."""
-
-
-async def eventually(
-    probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = 10.0
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await probe()
-        if found is not None:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> Json:

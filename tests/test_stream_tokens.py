@@ -23,6 +23,7 @@ import pytest
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
+from gateways.client import parse
 from tests import test_browser
 from tests.conftest import Servers
 from tests.test_browser import (
@@ -75,22 +76,8 @@ def anonymous(node: ServeNode) -> httpx.Client:
 
 def sse(response: httpx.Response) -> Iterator[tuple[str, str | None, Json]]:
     """``(event, id, data)`` for each frame of an SSE body (comments and ``retry:`` skipped)."""
-    fields: dict[str, str] = {}
-    data: list[str] = []
-    for line in response.iter_lines():
-        if line.startswith(":"):
-            continue
-        if not line:
-            if data:
-                yield fields.get("event", "message"), fields.get("id"), json.loads("\n".join(data))
-            fields, data = {}, []
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            data.append(value)
-        else:
-            fields[name] = value
+    for frame in parse(response.iter_lines()):
+        yield frame.event, frame.id, json.loads(frame.data)
 
 
 def read_turn(http: httpx.Client, path: str, **params: str) -> list[tuple[str, str | None, Json]]:
