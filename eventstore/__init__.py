@@ -18,6 +18,7 @@ from eventstore.envelope import (
 from eventstore.errors import (
     DispachError,
     EventIdReused,
+    Fenced,
     InvalidAppend,
     InvalidCursor,
     InvalidValue,
@@ -29,6 +30,7 @@ from eventstore.errors import (
     WrongExpectedVersion,
 )
 from eventstore.event import REGISTRY, Event, UnknownEvent
+from eventstore.fencing import Fence, FencingHook
 from eventstore.hints import Hints, NatsHints
 from eventstore.migrations import migrate
 from eventstore.projection import Projection, ProjectionRunner, rebuild
@@ -49,6 +51,9 @@ __all__ = [
     "Event",
     "EventIdReused",
     "EventStore",
+    "Fence",
+    "Fenced",
+    "FencingHook",
     "Hints",
     "InvalidAppend",
     "InvalidCursor",

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from eventstore.envelope import Checkpoint, NewEvent, RecordedEvent
-from eventstore.errors import EventIdReused, StoreError, WrongExpectedVersion
+from eventstore.errors import EventIdReused, Fenced, StoreError, WrongExpectedVersion
 from eventstore.event import type_name
+from eventstore.fencing import Fence
 from eventstore.versions import ANY
 
 
@@ -40,12 +41,23 @@ class Command:
     future: Future[AppendResult] = field(default_factory=Future)
     links: list[Command] | None = None
     """The callers' commands this one chains (see writer.chain); None for a caller's own."""
+    fence: Fence | None = None
+    """The partition and lease epoch it is appended under; None when it is not fenced."""
 
 
 def decide(
-    command: Command, head: int, existing: dict[uuid.UUID, RecordedEvent]
+    command: Command,
+    head: int,
+    existing: dict[uuid.UUID, RecordedEvent],
+    fence_epoch: int | None = None,
 ) -> int | AppendResult | StoreError:
-    """The version to append after, the original events of a retried append, or the error."""
+    """The version to append after, the original events of a retried append, or the error.
+
+    ``fence_epoch`` is the current fence of the command's partition (None: it has none). A retry
+    of stored events is answered with them even under a stale epoch: they were committed while
+    the epoch was current, and answering them writes nothing. A stale epoch is told before a
+    stale version: the caller must go to the new owner, not reload and retry here.
+    """
     found = [existing.get(e.event_id) for e in command.events]
     if any(f is not None for f in found):
         for new, old in zip(command.events, found, strict=True):
@@ -59,6 +71,9 @@ def decide(
         if versions != list(range(versions[0], versions[0] + len(versions))):
             return EventIdReused(command.stream, str(command.events[0].event_id), "out of order")
         return AppendResult(command.stream, [f for f in found if f is not None], duplicate=True)
+    fence = command.fence
+    if fence is not None and fence_epoch is not None and fence_epoch > fence.epoch:
+        return Fenced(command.stream, fence.partition, fence.epoch, fence_epoch)
     if command.expected not in (ANY, head):
         return WrongExpectedVersion(command.stream, command.expected, head)
     return head

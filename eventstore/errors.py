@@ -65,6 +65,25 @@ class EventIdReused(StoreError):
         )
 
 
+class Fenced(StoreError):
+    """The append ran under a lease epoch older than its partition's fence: another node owns
+    the partition now (eventstore/fencing.py). Nothing of it is stored; it is never retried here,
+    since only the new owner may append."""
+
+    code = "session_moving"
+
+    def __init__(self, stream: str, partition: int, epoch: int, current: int) -> None:
+        self.stream = stream
+        self.partition = partition
+        self.epoch = epoch
+        self.current = current
+        super().__init__(
+            f"the append to {stream} ran under epoch {epoch} of partition {partition}, "
+            f"whose fence is at epoch {current} now",
+            "the session's partition moved to another node; retry and its new owner answers",
+        )
+
+
 class InvalidAppend(StoreError):
     code = "invalid_append"
 

@@ -28,3 +28,9 @@ EVENTS_APPENDED = Counter(
     "dispach_events_appended",
     "Events committed to the log by this node's writer (retried duplicates not counted).",
 )
+
+FENCE_REFUSALS = Counter(
+    "dispach_fence_refusals",
+    "Appends refused because their partition's fence is at a newer lease epoch (the partition "
+    "moved to another node).",
+)

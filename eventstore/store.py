@@ -21,6 +21,7 @@ from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import InvalidAppend, InvalidValue, StoreError, StoreUnavailable
+from eventstore.fencing import Fence, FencingHook, OnFenced
 from eventstore.health import PostgresHealth
 from eventstore.hints import Hints
 from eventstore.migrations import migrate
@@ -43,8 +44,15 @@ class EventStore:
         pool_size: int = 8,
         writer_queue: int = 10_000,
         poll_interval: float = 0.25,
+        fencing: FencingHook | None = None,
+        on_fenced: OnFenced | None = None,
     ) -> None:
         self.conninfo = conninfo
+        self.fencing = fencing
+        """Which fence an append runs under when its caller passes none (eventstore/fencing.py);
+        set by the node once it knows its partitions."""
+        self.on_fenced = on_fenced
+        """Told each partition whose fence refused an append (in the writer's thread)."""
         self.schema = schema
         self.poll_interval = poll_interval
         self.hints = Hints()
@@ -60,8 +68,14 @@ class EventStore:
         """Whether Postgres is up, as the writer and the probe last saw (eventstore/health.py)."""
         self._writer = GroupCommitWriter(
             conninfo, schema, inline=inline, on_commit=on_commit, queue_size=writer_queue,
-            health=self.health,
+            health=self.health, on_fenced=self._tell_fenced,
         )  # fmt: skip
+
+    def _tell_fenced(self, partition: int) -> None:
+        """The writer's door to :attr:`on_fenced`, read at each call: it is set after start."""
+        on_fenced = self.on_fenced
+        if on_fenced is not None:
+            on_fenced(partition)
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -115,9 +129,17 @@ class EventStore:
     # --- appending -----------------------------------------------------------------------------
 
     def submit(
-        self, stream: str, events: Sequence[NewEvent], expected_version: int = ANY
+        self,
+        stream: str,
+        events: Sequence[NewEvent],
+        expected_version: int = ANY,
+        fence: Fence | None = None,
     ) -> Future[AppendResult]:
-        """Queue an append; the future resolves once it is committed (or refused)."""
+        """Queue an append; the future resolves once it is committed (or refused).
+
+        Under a ``fence`` (by default the one :attr:`fencing` names for the stream and its first
+        event's metadata) the append is refused with ``Fenced`` once the partition's fence is
+        at a newer epoch."""
         if not events:
             raise InvalidAppend("an append needs at least one event", "pass one or more events")
         if expected_version < ANY:
@@ -125,7 +147,9 @@ class EventStore:
                 f"expected_version {expected_version} is not a version",
                 "pass a version >= 0, NO_STREAM (-1) or ANY (-2)",
             )
-        return self._writer.submit(stream, events, expected_version)
+        if fence is None and self.fencing is not None:
+            fence = self.fencing(stream, events[0].metadata)
+        return self._writer.submit(stream, events, expected_version, fence)
 
     def append(
         self,
@@ -134,10 +158,12 @@ class EventStore:
         expected_version: int = ANY,
         *,
         timeout: float = 30.0,
+        fence: Fence | None = None,
     ) -> AppendResult:
-        """Append atomically; raises WrongExpectedVersion, EventIdReused or StoreUnavailable."""
+        """Append atomically; raises WrongExpectedVersion, EventIdReused, Fenced or
+        StoreUnavailable."""
         try:
-            return self.submit(stream, events, expected_version).result(timeout)
+            return self.submit(stream, events, expected_version, fence).result(timeout)
         except FutureTimeout as e:
             raise StoreUnavailable(
                 f"the append to {stream} was not acknowledged within {timeout:g} s",
@@ -145,9 +171,45 @@ class EventStore:
             ) from e
 
     async def aappend(
-        self, stream: str, events: Sequence[NewEvent], expected_version: int = ANY
+        self,
+        stream: str,
+        events: Sequence[NewEvent],
+        expected_version: int = ANY,
+        fence: Fence | None = None,
     ) -> AppendResult:
-        return await asyncio.wrap_future(self.submit(stream, events, expected_version))
+        return await asyncio.wrap_future(self.submit(stream, events, expected_version, fence))
+
+    # --- fences (eventstore/fencing.py) --------------------------------------------------------
+
+    async def araise_fences(self, fences: Sequence[Fence]) -> dict[int, int]:
+        """Raise partitions' fences to these epochs (greatest wins) and return each one's epoch
+        now; committed when it returns. It waits for the appends in flight under the partitions'
+        current fences: once it returns, no append under an older epoch commits. A caller whose
+        epoch is lower than the one returned has been superseded by a newer lease."""
+        highest: dict[int, int] = {}
+        for fence in fences:  # one row per partition: ON CONFLICT updates a row once
+            highest[fence.partition] = max(fence.epoch, highest.get(fence.partition, fence.epoch))
+        if not highest:
+            return {}
+        parts = sorted(highest)  # the order appends lock the rows in (sql/append.sql)
+        params = {"parts": parts, "epochs": [highest[p] for p in parts]}
+        try:
+            # Pool connections are autocommit: the statement is committed when it returns.
+            async with self._apool.connection() as conn:
+                cur = await conn.execute(load("raise_fences").encode(), params)
+                rows = await cur.fetchall()
+        except psycopg.Error as e:
+            raise StoreUnavailable(
+                f"cannot raise the partitions' fences: {e}".strip(),
+                "the database is down or overloaded; raise them again before serving the "
+                "partitions (raising is idempotent)",
+            ) from e
+        return {int(partition): int(epoch) for partition, epoch in rows}
+
+    async def afences(self) -> dict[int, int]:
+        """Every partition's fence epoch."""
+        rows = await self.afetch(load("all_fences").encode())
+        return {int(partition): int(epoch) for partition, epoch in rows}
 
     # --- queries of the projections ------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.decision import AppendResult, Command, decide
 from eventstore.envelope import NewEvent, RecordedEvent
 from eventstore.errors import (
+    Fenced,
     InvalidValue,
     StoreClosed,
     StoreError,
@@ -36,8 +37,15 @@ from eventstore.errors import (
     StoreUnavailable,
 )
 from eventstore.event import encode_data, type_name
+from eventstore.fencing import Fence, OnFenced
 from eventstore.health import PostgresHealth
-from eventstore.metrics import APPEND_ERROR, APPEND_OK, BATCH_COMMANDS, EVENTS_APPENDED
+from eventstore.metrics import (
+    APPEND_ERROR,
+    APPEND_OK,
+    BATCH_COMMANDS,
+    EVENTS_APPENDED,
+    FENCE_REFUSALS,
+)
 from eventstore.projection import Projection, run_statements, statements_for
 from eventstore.versions import NO_STREAM
 
@@ -61,6 +69,8 @@ class _Row(msgspec.Struct):
     type: str
     data: msgspec.Raw
     metadata: msgspec.Raw
+    part: int | None
+    epoch: int | None
 
 
 OnCommit = Callable[[Sequence[RecordedEvent]], None]
@@ -77,6 +87,7 @@ class GroupCommitWriter:
         queue_size: int = 10_000,
         max_batch: int = 512,
         health: PostgresHealth | None = None,
+        on_fenced: OnFenced | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._health = health
@@ -86,6 +97,7 @@ class GroupCommitWriter:
         self._inline_types = frozenset(t for p in self._inline for t in p.types)
         self._backlog: deque[Command] = deque()  # decided later, ahead of the queue
         self._on_commit = on_commit
+        self._on_fenced = on_fenced
         self._queue: queue.Queue[Command | object] = queue.Queue(queue_size)
         self._capacity = queue_size
         self._max_batch = max_batch
@@ -100,11 +112,11 @@ class GroupCommitWriter:
         self._thread.start()
 
     def submit(
-        self, stream: str, events: Sequence[NewEvent], expected: int
+        self, stream: str, events: Sequence[NewEvent], expected: int, fence: Fence | None = None
     ) -> Future[AppendResult]:
         if self._closed:
             raise StoreClosed
-        command = Command(stream, events, expected)
+        command = Command(stream, events, expected, fence=fence)
         # Timed by the future itself, so every way an append is answered (settled, failed,
         # refused at stop) is observed once, in the thread that answers it.
         command.future.add_done_callback(partial(_observe_append, time.perf_counter()))
@@ -238,6 +250,9 @@ class GroupCommitWriter:
         callers = sum(len(command.links or (command,)) for command in batch)  # chains count each
         BATCH_COMMANDS.observe(callers)
         EVENTS_APPENDED.inc(len(committed))
+        fenced = [c for c in batch if isinstance(outcomes[c], Fenced)]
+        if fenced:
+            self._fenced(fenced)
         for command in batch:
             outcome = outcomes[command]
             if command.future.cancelled():
@@ -255,6 +270,18 @@ class GroupCommitWriter:
                 self._on_commit(committed)
             except Exception:
                 log.exception("on_commit_failed")
+
+    def _fenced(self, commands: list[Command]) -> None:
+        """Count the fence's refusals and tell the node each partition it lost, before the
+        callers wake: a caller that retries at once finds the node already told."""
+        FENCE_REFUSALS.inc(sum(len(command.links or (command,)) for command in commands))
+        if self._on_fenced is None:
+            return
+        for partition in sorted({c.fence.partition for c in commands if c.fence is not None}):
+            try:
+                self._on_fenced(partition)
+            except Exception:
+                log.exception("on_fenced_failed", partition=partition)
 
     def _isolate(self, batch: list[Command]) -> None:
         """Commit each command alone, so one bad command fails by itself."""
@@ -312,30 +339,44 @@ class GroupCommitWriter:
     def _insert(self, cur: psycopg.Cursor[Any], commands: list[Command]) -> dict[uuid.UUID, Any]:
         rows = [
             _Row(command.stream, command.expected, order, new.event_id, type_name(new.event),
-                 msgspec.Raw(encode_data(new.event)), msgspec.Raw(_JSON.encode(new.metadata)))
+                 msgspec.Raw(encode_data(new.event)), msgspec.Raw(_JSON.encode(new.metadata)),
+                 None if fence is None else fence.partition,
+                 None if fence is None else fence.epoch)
             for command in commands
+            for fence in (command.fence,)
             for order, new in enumerate(command.events)
         ]  # fmt: skip
-        cur.execute(load("append").encode(), {"rows": _JSON.encode(rows).decode()})
+        cur.execute(
+            load("append").encode(),
+            {"rows": _JSON.encode(rows).decode(), "parts": fenced_partitions(commands)},
+        )
         return {row[0]: row[1:] for row in cur.fetchall()}
 
     def _explain(
         self, cur: psycopg.Cursor[Any], commands: list[Command], *, careful: bool
     ) -> tuple[dict[Command, AppendResult | StoreError], list[Command]]:
-        """Decide commands from the stored heads and ids: a retry of stored events is answered
-        with the originals, a stale expected version is a conflict. Returns those decisions and
-        the commands that are acceptable now: when ``careful`` they are inserted next; otherwise
-        the stream moved between the insert and this read, and they are simply retried."""
+        """Decide commands from the stored heads, ids and fences: a retry of stored events is
+        answered with the originals, an epoch older than its partition's fence is refused, a
+        stale expected version is a conflict. Returns those decisions and the commands that are
+        acceptable now: when ``careful`` they are inserted next; otherwise the stream moved
+        between the insert and this read, and they are simply retried. Fences only rise, so a
+        command the insert refused for its epoch is refused here too."""
         cur.execute(load("heads").encode(), {"streams": [c.stream for c in commands]})
         heads = {stream: (-1 if head is None else head) for stream, head in cur.fetchall()}
         cur.execute(
             load("existing").encode(), {"ids": [e.event_id for c in commands for e in c.events]}
         )
         existing = {row[4]: decode_row(row) for row in cur.fetchall()}
+        parts = fenced_partitions(commands)
+        fences: dict[int, int] = {}
+        if parts:  # unfenced commands spare the round trip
+            cur.execute(load("fences").encode(), {"parts": parts})
+            fences = {partition: epoch for partition, epoch in cur.fetchall()}
         decided: dict[Command, AppendResult | StoreError] = {}
         acceptable: list[Command] = []
         for command in commands:
-            outcome = decide(command, heads[command.stream], existing)
+            fence_epoch = None if command.fence is None else fences.get(command.fence.partition)
+            outcome = decide(command, heads[command.stream], existing, fence_epoch)
             if isinstance(outcome, int):
                 acceptable.append(command)
             else:
@@ -379,16 +420,34 @@ def carry_of(carry: list[Command], stream: str) -> bool:
 
 
 def continues(first: Command, then: Command) -> bool:
-    """``then`` expects exactly the version ``first`` leaves (both explicit, not ANY)."""
-    return first.expected >= NO_STREAM and then.expected == first.expected + len(first.events)
+    """``then`` expects exactly the version ``first`` leaves (both explicit, not ANY), under the
+    same fence: a chain is decided as one command, so it has one fence to be checked against."""
+    return (
+        first.expected >= NO_STREAM
+        and then.expected == first.expected + len(first.events)
+        and first.fence == then.fence
+    )
+
+
+def fenced_partitions(commands: Sequence[Command]) -> list[int]:
+    """The partitions the fenced commands append to, whose fence rows the append statement
+    locks (sql/append.sql) and the explanation reads."""
+    return sorted({c.fence.partition for c in commands if c.fence is not None})
 
 
 def chain(first: Command, then: Command) -> Command:
     """One command carrying both: all or nothing, like either alone (``then`` could not commit
     without ``first``: it expects the version ``first`` leaves). Each caller gets its own part
-    of the result, or the same error."""
+    of the result, or the same error. Only commands under equal fences chain (see continues)."""
+    if first.fence != then.fence:
+        raise ValueError(
+            f"cannot chain appends under different fences: {first.fence}, {then.fence}"
+        )
     links = [*(first.links or [first]), then]
-    merged = Command(first.stream, [*first.events, *then.events], first.expected, links=links)
+    merged = Command(
+        first.stream, [*first.events, *then.events], first.expected, links=links,
+        fence=first.fence,
+    )  # fmt: skip
 
     def settle(done: Future[AppendResult]) -> None:
         error = done.exception()
