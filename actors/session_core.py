@@ -1,0 +1,591 @@
+"""The pure core of a session: its policy state, and the decisions of that policy.
+
+A session runs one turn at a time. A message that arrives while a turn runs is queued, refused
+or made to interrupt the running turn (the ``concurrency`` policy); a turn waiting for approvals
+holds the session as a running one does; a turn id the session already holds is a duplicate.
+None of that touches the store, a timer or another actor here: :func:`decide` answers a command
+with a :class:`Decision` (what to append, what to do, what to answer, and the facts that follow),
+and :func:`evolve` folds each fact into the state. The SessionActor carries decisions out. A new
+owner of the session (after a restart or a partition move) starts from an empty state and the
+``Resume`` of the turns the log still shows running, so the policy is the same wherever it runs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+from actors.agent import Concurrency
+from actors.messages import (
+    Cleared,
+    ClearSession,
+    Refused,
+    ResolveApproval,
+    Resolved,
+    Resume,
+    StopResult,
+    StopTurn,
+    Submit,
+)
+from actors.turn.core import Approval
+from actors.turn.runner import AWAITING_APPROVAL
+from eventstore import ANY, NO_STREAM, Metadata, streams
+from eventstore.catalogue import ApprovalResolved, SessionCleared, Tokens, TurnEnd, TurnStart
+from eventstore.event import Event
+
+# --- the state -------------------------------------------------------------------------------
+
+
+class Running(msgspec.Struct, frozen=True):
+    turn_id: str
+    end_decided: bool = False
+    """Its turn.end is on its way to the log: for the policy it no longer runs (a client that
+    has seen turn.end must not be refused because the news has not reached the session)."""
+
+
+class Parked(msgspec.Struct, frozen=True):
+    """A turn waiting for approvals: it holds the session without a task."""
+
+    turn_id: str
+    pending: tuple[Approval, ...]
+    """Its approvals not answered yet."""
+
+
+class SessionState(msgspec.Struct, frozen=True, kw_only=True):
+    agent_id: str
+    session_key: str
+    policy: Concurrency = "queue"
+    """The agent's concurrency policy, for a message that names none."""
+    queue: tuple[str, ...] = ()
+    """Turns accepted (or being accepted) and not started, in order."""
+    uncommitted: frozenset[str] = frozenset()
+    """Turns whose turn.start is submitted and not yet stored: none starts before it is."""
+    running: Running | None = None
+    parked: Parked | None = None
+    handing_over: bool = False
+    """The session's partition moves: no other turn starts here."""
+    handed_over: bool = False
+    """No turn runs here any more and the hand-over was answered."""
+    superseded: frozenset[str] = frozenset()
+    """Queued turns an ``interrupt`` message overtook: each starts already stopping (it ends
+    ``stopped`` at once), so the interrupting message is the one that runs."""
+
+    @property
+    def busy(self) -> bool:
+        """For the policy: a turn runs (its end not decided), waits, or is queued."""
+        running = self.running is not None and not self.running.end_decided
+        return running or bool(self.queue) or self.parked is not None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing runs, waits or is queued (the session may be passivated)."""
+        return self.running is None and not self.queue and self.parked is None
+
+    @property
+    def between_turns(self) -> bool:
+        """No turn runs or waits: the history the actor holds is the next turn's."""
+        return self.running is None and self.parked is None
+
+
+# --- what happened (folded by evolve) --------------------------------------------------------
+
+
+class Queued(msgspec.Struct, frozen=True):
+    """A message was accepted as a turn; its turn.start is on its way to the log."""
+
+    turn_id: str
+
+
+class Committed(msgspec.Struct, frozen=True):
+    turn_id: str
+
+
+class CommitFailed(msgspec.Struct, frozen=True):
+    """The turn.start was not stored: the turn was never accepted (its asker got the error)."""
+
+    turn_id: str
+
+
+class Resumed(msgspec.Struct, frozen=True):
+    """Turns the log shows unfinished, queued again (after a start or a partition move)."""
+
+    turn_ids: tuple[str, ...]
+
+
+class Dequeued(msgspec.Struct, frozen=True):
+    """A queued turn was stopped before it started."""
+
+    turn_id: str
+
+
+class Superseded(msgspec.Struct, frozen=True):
+    """An ``interrupt`` message arrived behind these queued turns."""
+
+    turn_ids: tuple[str, ...]
+
+
+class Started(msgspec.Struct, frozen=True):
+    turn_id: str
+
+
+class EndDecided(msgspec.Struct, frozen=True):
+    turn_id: str
+
+
+class Finished(msgspec.Struct, frozen=True):
+    """The running turn's run returned: it ended, or it waits for ``waiting`` (not None)."""
+
+    turn_id: str
+    waiting: tuple[Approval, ...] | None = None
+
+
+class Answered(msgspec.Struct, frozen=True):
+    approval_id: str
+
+
+class Unparked(msgspec.Struct, frozen=True):
+    """The waiting turn goes back to the front of the queue (answered, stopped, interrupted)."""
+
+    turn_id: str
+
+
+class HandingOver(msgspec.Struct, frozen=True):
+    pass
+
+
+class HandedOver(msgspec.Struct, frozen=True):
+    pass
+
+
+Fact = (
+    Queued | Committed | CommitFailed | Resumed | Dequeued | Superseded | Started | EndDecided
+    | Finished | Answered | Unparked | HandingOver | HandedOver
+)  # fmt: skip
+
+
+def evolve(state: SessionState, fact: Fact) -> SessionState:
+    """The state after ``fact``."""
+    match fact:
+        case Queued() | Committed() | CommitFailed() | Resumed() | Dequeued():
+            return _acceptances(state, fact)
+        case Superseded(turn_ids=turn_ids):
+            return msgspec.structs.replace(state, superseded=state.superseded | set(turn_ids))
+        case _:
+            return _turns(state, fact)
+
+
+def _acceptances(
+    state: SessionState, fact: Queued | Committed | CommitFailed | Resumed | Dequeued
+) -> SessionState:
+    """The queue and the acceptances in flight."""
+    replace = msgspec.structs.replace
+    match fact:
+        case Queued(turn_id=t):
+            return replace(state, queue=(*state.queue, t), uncommitted=state.uncommitted | {t})
+        case Committed(turn_id=t):
+            return replace(state, uncommitted=state.uncommitted - {t})
+        case CommitFailed(turn_id=t):
+            return replace(state, queue=_without(state.queue, t),
+                           uncommitted=state.uncommitted - {t})  # fmt: skip
+        case Resumed(turn_ids=turn_ids):
+            return replace(state, queue=(*state.queue, *turn_ids))
+        case Dequeued(turn_id=t):
+            return replace(state, queue=_without(state.queue, t))
+
+
+def _turns(
+    state: SessionState,
+    fact: Started | EndDecided | Finished | Answered | Unparked | HandingOver | HandedOver,
+) -> SessionState:
+    """The turn that runs or waits here, and the hand-over."""
+    replace = msgspec.structs.replace
+    match fact:
+        case Started(turn_id=t):
+            return replace(state, queue=_without(state.queue, t), running=Running(t),
+                           superseded=state.superseded - {t})  # fmt: skip
+        case EndDecided(turn_id=t) if _runs(state, t):
+            return replace(state, running=Running(t, end_decided=True))
+        case Finished(turn_id=t, waiting=waiting) if _runs(state, t):
+            parked = None if waiting is None else Parked(t, waiting)
+            return replace(state, running=None, parked=parked)
+        case Answered(approval_id=approval_id) if state.parked is not None:
+            left = tuple(a for a in state.parked.pending if a.approval_id != approval_id)
+            return replace(state, parked=Parked(state.parked.turn_id, left))
+        case Unparked(turn_id=t):
+            return replace(state, parked=None, queue=(t, *state.queue))
+        case HandingOver():
+            return replace(state, handing_over=True)
+        case HandedOver():
+            return replace(state, handed_over=True)
+        case _:  # about a turn that does not run (or wait) here
+            return state
+
+
+def fold(state: SessionState, facts: tuple[Fact, ...]) -> SessionState:
+    for fact in facts:
+        state = evolve(state, fact)
+    return state
+
+
+def _without(queue: tuple[str, ...], turn_id: str) -> tuple[str, ...]:
+    """``queue`` less the first ``turn_id`` in it."""
+    if turn_id not in queue:
+        return queue
+    at = queue.index(turn_id)
+    return (*queue[:at], *queue[at + 1 :])
+
+
+# --- what the actor reports (commands of its own, beside the public ones) --------------------
+
+
+class HandOver(msgspec.Struct, frozen=True):
+    """Start no other turn; answered once no turn runs here."""
+
+
+class StartStored(msgspec.Struct, frozen=True):
+    """The append of a turn's turn.start settled."""
+
+    turn_id: str
+    ok: bool
+
+
+class TurnEnded(msgspec.Struct, frozen=True):
+    """A turn's run returned with ``reason`` (None: cancelled, or another node owns the turn)."""
+
+    turn_id: str
+    reason: str | None
+    at: datetime
+    """When it returned (approval deadlines are counted from it)."""
+    waiting: tuple[Approval, ...] = ()
+    """The approvals it waits for, when ``reason`` is AWAITING_APPROVAL."""
+
+
+class ApprovalsAnswered(msgspec.Struct, frozen=True):
+    """The last answer of a waiting turn is stored (or its append settled)."""
+
+    turn_id: str
+
+
+Command = (
+    Submit | StopTurn | ClearSession | ResolveApproval | Resume | HandOver | StartStored
+    | TurnEnded | ApprovalsAnswered
+)  # fmt: skip
+
+
+# --- decisions -------------------------------------------------------------------------------
+
+
+class CommitOf(msgspec.Struct, frozen=True):
+    """When the append settles, report :class:`StartStored` for this turn."""
+
+    turn_id: str
+
+
+class UnparkAfter(msgspec.Struct, frozen=True):
+    """When the append settles (stored or not), report :class:`ApprovalsAnswered`."""
+
+    turn_id: str
+
+
+class Append(msgspec.Struct, frozen=True):
+    stream: str
+    event: Event
+    metadata: Metadata
+    expected: int = ANY
+    then: CommitOf | UnparkAfter | None = None
+
+
+class TellStop(msgspec.Struct, frozen=True):
+    """Ask the running turn's actor to stop it."""
+
+    turn_id: str
+    by: str
+
+
+class StartTurn(msgspec.Struct, frozen=True):
+    turn_id: str
+    stop_by: str | None = None
+    """Start it already stopping (a waiting turn that was stopped ends as stopped)."""
+
+
+class After(msgspec.Struct, frozen=True):
+    """Tell the session ``command`` in ``seconds`` (an approval's deadline)."""
+
+    seconds: float
+    command: ResolveApproval
+
+
+class Release(msgspec.Struct, frozen=True):
+    """Let go of the finished turn's actor, keeping the history it left when ``keep_history``
+    (the turn ended; otherwise the next turn reloads the history from the log)."""
+
+    keep_history: bool
+
+
+class ResetHistory(msgspec.Struct, frozen=True):
+    """The session was cleared: the next turn starts from an empty history."""
+
+
+class Forget(msgspec.Struct, frozen=True):
+    """Drop what the actor holds for a turn that will not start here (its stored turn.start)."""
+
+    turn_id: str
+
+
+class AnswerHandOver(msgspec.Struct, frozen=True):
+    """No turn runs here any more: resolve the hand-over's future."""
+
+
+Effect = TellStop | StartTurn | After | Release | ResetHistory | Forget | AnswerHandOver
+
+
+class Accept(msgspec.Struct, frozen=True):
+    """Answer ``Accepted``, durable once the decision's append is."""
+
+    turn_id: str
+
+
+class Duplicate(msgspec.Struct, frozen=True):
+    """The session holds this turn already: nothing is appended; the asker answers from the
+    stored turn.start once its commit (``pending``: the one still in flight) has settled."""
+
+    turn_id: str
+    pending: bool
+
+
+class OnceStored(msgspec.Struct, frozen=True):
+    """``answer`` holds once the decision's append is stored."""
+
+    answer: StopResult | Cleared | Resolved
+
+
+class HandOverAnswer(msgspec.Struct, frozen=True):
+    """The hand-over's future (resolved by :class:`AnswerHandOver`)."""
+
+
+Answer = Refused | StopResult | Accept | Duplicate | OnceStored | HandOverAnswer
+
+
+class Decision(msgspec.Struct, frozen=True):
+    """Carried out in this order: ``append`` (if it cannot even be submitted, nothing else
+    happens and the asker gets the error), then ``facts`` folded, then ``effects``, then the
+    ``answer``."""
+
+    answer: Answer | None = None
+    append: Append | None = None
+    facts: tuple[Fact, ...] = ()
+    effects: tuple[Effect, ...] = ()
+
+
+NOTHING = Decision()
+
+
+def decide(state: SessionState, command: Command) -> Decision:
+    match command:
+        case Submit():
+            return _submit(state, command)
+        case StopTurn():
+            return _stop(state, command)
+        case ClearSession(by=by):
+            return _clear(state, by)
+        case ResolveApproval():
+            return _resolve(state, command)
+        case Resume(turn_ids=turn_ids):
+            return _resume(state, turn_ids)
+        case HandOver():
+            return _hand_over(state)
+        case StartStored(turn_id=t, ok=ok):
+            return _advance(state, facts=(Committed(t) if ok else CommitFailed(t),))
+        case TurnEnded():
+            return _ended(state, command)
+        case ApprovalsAnswered(turn_id=t):
+            if state.parked is None or state.parked.turn_id != t:
+                return NOTHING
+            return _advance(state, facts=(Unparked(t),))
+
+
+def _resume(state: SessionState, turn_ids: list[str]) -> Decision:
+    """Queue the turns the log shows unfinished and the queue does not hold. Only the queue is
+    checked: a Resume comes when the node opens the session's partition, before any of those
+    turns runs here (and one resumed twice finds its turn.end when it starts, and ends)."""
+    added: list[str] = []
+    for t in turn_ids:
+        if t not in state.queue and t not in added:
+            added.append(t)
+    return _advance(state, facts=(Resumed(tuple(added)),) if added else ())
+
+
+def _hand_over(state: SessionState) -> Decision:
+    facts: tuple[Fact, ...] = () if state.handing_over else (HandingOver(),)
+    if state.running is None and not state.handed_over:
+        # A waiting turn holds no task: its session's next owner parks it again.
+        return Decision(HandOverAnswer(), facts=(*facts, HandedOver()),
+                        effects=(AnswerHandOver(),))  # fmt: skip
+    return Decision(HandOverAnswer(), facts=facts)
+
+
+def _submit(state: SessionState, submit: Submit) -> Decision:
+    policy = submit.concurrency or state.policy
+    if policy == "reject" and state.busy:
+        return Decision(Refused(
+            code="session_busy",
+            message=f"session {state.session_key!r} is running a turn",
+            hint="wait for its turn.end, send with concurrency 'queue', or stop it first",
+        ))  # fmt: skip
+    turn_id = submit.turn_id
+    assert turn_id is not None, "the actor names the turn before deciding"  # ids are random
+    if turn_id in state.uncommitted:
+        return Decision(Duplicate(turn_id, pending=True))
+    if turn_id in state.queue or _runs(state, turn_id):
+        return Decision(Duplicate(turn_id, pending=False))
+    start = TurnStart(
+        source=submit.source,
+        input=submit.text,
+        deliver=submit.deliver,
+        idempotency_key=submit.idempotency_key,
+        request_hash=submit.request_hash,
+        sender=submit.sender,
+    )
+    # 202 means durable: the turn exists once this append has committed. The actor does not
+    # wait for the commit (the asker does); the turn starts only after it.
+    append = Append(streams.turn(turn_id), start, _meta(state, turn_id), NO_STREAM,
+                    then=CommitOf(turn_id))  # fmt: skip
+    if policy != "interrupt":
+        return Decision(Accept(turn_id), append, (Queued(turn_id),))
+    # Everything ahead of it gives way: the running turn is stopped, and the queued ones (say
+    # accepted a moment ago through another node) start already stopping.
+    ahead: tuple[Fact, ...] = (Superseded(state.queue),) if state.queue else ()
+    if state.running is not None:
+        stop = TellStop(state.running.turn_id, "interrupt")
+        return Decision(Accept(turn_id), append, (*ahead, Queued(turn_id)), (stop,))
+    if state.parked is not None:
+        # The waiting turn runs again at once, already stopping: it ends as stopped.
+        facts = (*ahead, Queued(turn_id), Unparked(state.parked.turn_id))
+        return _advance(state, Accept(turn_id), append, facts, stop_by="interrupt")
+    return Decision(Accept(turn_id), append, (*ahead, Queued(turn_id)))
+
+
+def _stop(state: SessionState, stop: StopTurn) -> Decision:
+    turn_id = stop.turn_id
+    if _runs(state, turn_id):
+        return Decision(StopResult(stopping=True, state="stopping"),
+                        effects=(TellStop(turn_id, stop.by),))  # fmt: skip
+    if state.parked is not None and state.parked.turn_id == turn_id:
+        # It ends as stopped; its waiting calls are not run.
+        return _advance(state, StopResult(stopping=True, state="stopping"),
+                        facts=(Unparked(turn_id),), stop_by=stop.by)  # fmt: skip
+    if turn_id in state.queue:
+        end = TurnEnd(reason="stopped", steps=0, tokens=Tokens(), duration_ms=0)
+        # Answered once its turn.end is stored: a caller that reads the turn next sees it.
+        return Decision(OnceStored(StopResult(stopping=True, state="stopped")),
+                        Append(streams.turn(turn_id), end, _meta(state, turn_id)),
+                        (Dequeued(turn_id),), (Forget(turn_id),))  # fmt: skip
+    return Decision(StopResult(stopping=False, state="unknown"))
+
+
+def _clear(state: SessionState, by: str) -> Decision:
+    if state.busy:
+        return Decision(Refused(
+            code="session_busy",
+            message=f"session {state.session_key!r} has a turn running or queued",
+            hint="wait for its turn.end (or stop it), then clear the session",
+        ))  # fmt: skip
+    append = Append(streams.session(state.agent_id, state.session_key), SessionCleared(by=by),
+                    Metadata(agent_id=state.agent_id, session_key=state.session_key))  # fmt: skip
+    return Decision(OnceStored(Cleared(session_key=state.session_key)), append,
+                    effects=(ResetHistory(),))  # fmt: skip
+
+
+def _resolve(state: SessionState, resolve: ResolveApproval) -> Decision:
+    parked = state.parked
+    owner = resolve.turn_id
+    restoring = owner is not None and (owner in state.queue or _runs(state, owner))
+    if restoring and (parked is None or parked.turn_id != owner):
+        return Decision(Refused(
+            code="approval_busy",
+            message=f"the turn of approval {resolve.approval_id!r} is being restored",
+            hint="retry in a moment (the node has just started, or the turn is resuming)",
+        ))  # fmt: skip
+    approval = None
+    if parked is not None:
+        approval = next((a for a in parked.pending if a.approval_id == resolve.approval_id), None)
+    if parked is None or approval is None:
+        return Decision(Refused(
+            code="approval_not_found",
+            message=f"approval {resolve.approval_id!r} is not waiting for an answer",
+            hint="it was answered already, timed out, or its turn ended; GET "
+            f"/v1/agents/{state.agent_id}/approvals lists the open ones",
+        ))  # fmt: skip
+    event = ApprovalResolved(approval_id=approval.approval_id, slug=approval.slug,
+                             granted=resolve.granted, by=resolve.by)  # fmt: skip
+    # The last answer: the turn runs on once it is stored.
+    last = all(a.approval_id == approval.approval_id for a in parked.pending)
+    append = Append(streams.turn(parked.turn_id), event, _meta(state, parked.turn_id), ANY,
+                    then=UnparkAfter(parked.turn_id) if last else None)  # fmt: skip
+    answer = OnceStored(Resolved(approval_id=resolve.approval_id, granted=resolve.granted))
+    return Decision(answer, append, (Answered(approval.approval_id),))
+
+
+def _ended(state: SessionState, ended: TurnEnded) -> Decision:
+    if not _runs(state, ended.turn_id):
+        return _advance(state)
+    waits = ended.reason == AWAITING_APPROVAL
+    finished = Finished(ended.turn_id, ended.waiting if waits else None)
+    effects: list[Effect] = [Release(keep_history=ended.reason is not None)]
+    if waits:
+        effects += [After(seconds, ResolveApproval(
+            agent_id=state.agent_id, approval_id=approval_id, granted=False, by="timeout",
+        )) for approval_id, seconds in deadlines(ended.waiting, ended.at)]  # fmt: skip
+    return _advance(state, facts=(finished,), effects=tuple(effects))
+
+
+def deadlines(waiting: tuple[Approval, ...], now: datetime) -> list[tuple[str, float]]:
+    """Seconds from ``now`` until each approval counts as denied (0: due, or its expiry does
+    not parse). The session arms a timer for each; a turn parked again after a restart gets
+    its remaining time, not a new one."""
+    due: list[tuple[str, float]] = []
+    for approval in waiting:
+        try:
+            seconds = (datetime.fromisoformat(approval.expires_at) - now).total_seconds()
+        except (ValueError, TypeError):  # unparsable, or without a time zone
+            seconds = 0.0
+        due.append((approval.approval_id, max(seconds, 0.0)))
+    return due
+
+
+def _advance(
+    state: SessionState,
+    answer: Answer | None = None,
+    append: Append | None = None,
+    facts: tuple[Fact, ...] = (),
+    effects: tuple[Effect, ...] = (),
+    stop_by: str | None = None,
+) -> Decision:
+    """The decision made of these parts, then what the session does next: start the turn at
+    the front of the queue once nothing runs or waits and its turn.start is stored; while
+    handing over, start nothing and answer the hand-over once nothing runs."""
+    after = fold(state, facts)
+    if after.handing_over:
+        if after.running is None and not after.handed_over:
+            return Decision(answer, append, (*facts, HandedOver()), (*effects, AnswerHandOver()))
+        return Decision(answer, append, facts, effects)
+    if (
+        after.running is not None
+        or after.parked is not None
+        or not after.queue
+        or after.queue[0] in after.uncommitted
+    ):
+        return Decision(answer, append, facts, effects)
+    head = after.queue[0]
+    if stop_by is None and head in after.superseded:
+        stop_by = "interrupt"
+    return Decision(answer, append, (*facts, Started(head)), (*effects, StartTurn(head, stop_by)))
+
+
+def _runs(state: SessionState, turn_id: str) -> bool:
+    return state.running is not None and state.running.turn_id == turn_id
+
+
+def _meta(state: SessionState, turn_id: str) -> Metadata:
+    return Metadata(agent_id=state.agent_id, session_key=state.session_key, turn_id=turn_id)
