@@ -16,6 +16,7 @@ import structlog
 from actors import idempotency, ids
 from actors.agent import Agent
 from actors.bridge import Portal
+from actors.cluster.partitions import partition_of
 from actors.context.history import History
 from actors.context.load import load
 from actors.context.replay import replay
@@ -36,7 +37,7 @@ from actors.messages import (
     Submit,
     TurnContext,
 )
-from actors.session import HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
+from actors.session import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
 from eventstore import EventStore, StoreError, WrongExpectedVersion
 from eventstore.catalogue import Deliver
 
@@ -61,6 +62,7 @@ class Engine:
         node_id: str,
         idle_seconds: float = 60.0,
         max_sessions: int = 1024,
+        partitions: int = 64,
     ) -> None:
         self.store = store
         self.agents = agents
@@ -69,6 +71,7 @@ class Engine:
         self.node_id = node_id
         self.idle_seconds = idle_seconds
         self.max_sessions = max_sessions
+        self.partitions = partitions
         """Past this many live session actors (each holds its session's history in memory), idle
         ones are passivated at once."""
         self._crowded = asyncio.Event()
@@ -174,6 +177,16 @@ class Engine:
         )
         return cleared
 
+    async def turn_session(self, turn_id: str) -> tuple[str, str, str] | None:
+        """``(agent, session, status)`` of a stored turn, or None."""
+        rows = await self.store.afetch(_TURN, [turn_id])
+        return (rows[0][0], rows[0][1], rows[0][2]) if rows else None
+
+    async def approval_session(self, agent_id: str, approval_id: str) -> str | None:
+        """The session of an open approval, or None (unknown, or answered already)."""
+        rows = await self.store.afetch(_APPROVAL, [approval_id, agent_id])
+        return rows[0][0] if rows and rows[0][1] == "pending" else None
+
     async def stop(self, stop: StopTurn) -> StopResult:
         rows = await self.store.afetch(_TURN, [stop.turn_id])
         if not rows:
@@ -260,20 +273,60 @@ class Engine:
         if self.running:
             await asyncio.wait(set(self.running), timeout=timeout)
 
-    async def resume_unfinished(self) -> int:
-        """Queue every turn without a ``turn.end`` on its session, in acceptance order."""
+    async def resume_partitions(self, partitions: set[int]) -> int:
+        """Queue every turn of these partitions without a ``turn.end`` on its session, in
+        acceptance order (this node has just opened them: fenced, so no older owner appends)."""
         rows = await self.store.afetch(_UNFINISHED)
         by_session: dict[tuple[str, str], list[str]] = defaultdict(list)
         for turn_id, agent_id, session_key in rows:
+            if partition_of(agent_id, session_key, self.partitions) not in partitions:
+                continue
             if agent_id in self.agents:
                 by_session[(agent_id, session_key)].append(turn_id)
             else:
                 log.warning("resume_unknown_agent", turn=turn_id, agent=agent_id)
         for (agent_id, session_key), turn_ids in by_session.items():
             self.session(agent_id, session_key).tell(Resume(turn_ids))
-        if rows:
-            log.info("turns_resumed", turns=len(rows), sessions=len(by_session))
-        return len(rows)
+        resumed = sum(len(t) for t in by_session.values())
+        if resumed:
+            log.info("turns_resumed", turns=resumed, sessions=len(by_session))
+        return resumed
+
+    def _of_partition(self, partition: int) -> list[tuple[tuple[str, str], pykka.ActorRef[Any]]]:
+        with self._lock:
+            return [
+                (key, ref) for key, ref in self._sessions.items()
+                if partition_of(key[0], key[1], self.partitions) == partition
+            ]  # fmt: skip
+
+    def _forget(self, key: tuple[str, str], ref: pykka.ActorRef[Any]) -> None:
+        with self._lock:
+            if self._sessions.get(key) is ref:
+                del self._sessions[key]
+        ref.stop(block=False)
+
+    async def hand_over(self, partition: int, timeout: float) -> None:
+        """The partition moves to another node: its sessions finish the turn they run (within
+        ``timeout``) and start no other, then stop. What is still queued, or did not finish in
+        time, stays unfinished in the log for the next owner to resume."""
+        sessions = self._of_partition(partition)
+        waits = []
+        for _, ref in sessions:
+            with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
+                idle = await Portal.ask(ref, HAND_OVER, _PEEK_TIMEOUT)
+                waits.append(asyncio.wrap_future(idle))
+        if waits:
+            _, late = await asyncio.wait(waits, timeout=max(timeout, 0.001))
+            if late:
+                log.warning("handover_timeout", partition=partition, sessions=len(late))
+        for key, ref in sessions:
+            self._forget(key, ref)
+
+    def drop_partition(self, partition: int) -> None:
+        """The partition is someone else's now: stop its sessions at once (their running turns
+        are cancelled without appending; the new owner has resumed them from the log)."""
+        for key, ref in self._of_partition(partition):
+            self._forget(key, ref)
 
     async def passivate_idle(self) -> None:
         """Stop session actors idle for longer than ``idle_seconds``, or idle at all while there
@@ -281,7 +334,8 @@ class Engine:
         and hold nothing that needs a replay)."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._crowded.wait(), min(5.0, self.idle_seconds / 2))
+                async with asyncio.timeout(min(5.0, self.idle_seconds / 2)):
+                    await self._crowded.wait()
             self._crowded.clear()
             with self._lock:
                 candidates = list(self._sessions.items())

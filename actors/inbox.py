@@ -1,6 +1,7 @@
 """The channel host: where a message that arrived through a channel (Telegram, ...) becomes a
-turn, by the same door as an HTTP message (Engine.submit: acceptance, idempotency, the session's
-concurrency policy), or is refused on the record (``channel.rejected``).
+turn, by the same door as an HTTP message (the command path to the session's owner, then
+Engine.submit there: acceptance, idempotency, the session's concurrency policy), or is refused
+on the record (``channel.rejected``).
 
 A channel message's Idempotency-Key is its provider id (``<channel>:<bot>:<update_id>``), so a
 provider delivering the same update twice, or a poll repeated after a crash, makes one turn. The
@@ -14,7 +15,7 @@ import asyncio
 import structlog
 
 from actors.engine import Engine
-from actors.messages import Accepted, Submit
+from actors.messages import Accepted, CommandPath, Submit
 from actors.outbox import InboundMessage
 from eventstore import ANY, Metadata, NewEvent, StoreError, streams
 from eventstore.catalogue import ChannelRejected, Deliver, Sender
@@ -25,8 +26,9 @@ log = structlog.get_logger("dispach.inbox")
 class ChannelHost:
     """One per agent: its channels hand inbound messages here."""
 
-    def __init__(self, engine: Engine, agent_id: str) -> None:
+    def __init__(self, engine: Engine, commands: CommandPath, agent_id: str) -> None:
         self._engine = engine
+        self._commands = commands
         self._agent_id = agent_id
 
     async def receive(self, message: InboundMessage) -> None:
@@ -48,7 +50,7 @@ class ChannelHost:
                                "the message has no text (a photo, a sticker, a file ...)",
                                "send the request as text")  # fmt: skip
             return
-        result = await self._engine.submit(
+        result = await self._commands.submit(
             Submit(
                 agent_id=self._agent_id,
                 session_key=session_key,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import Any, AnyStr, Literal
+from typing import Any, AnyStr, Literal, Protocol
 
 import msgspec
 
@@ -301,3 +301,53 @@ class ContextStep(_View, frozen=True):
 class TurnContext(_View, frozen=True):
     turn_id: str
     steps: list[ContextStep]
+
+
+class ClusterNode(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    id: str
+    draining: bool = False
+    partitions: list[int] = msgspec.field(default_factory=list)
+    """The partitions it holds leases on."""
+    age_ms: int | None = None
+    """Since its heartbeat was last written."""
+
+
+class ClusterLease(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    lease: str
+    """``p.<n>`` for a partition, ``s.<name>`` for a singleton (``s.scheduler``, ...)."""
+    partition: int | None
+    node: str
+    epoch: int
+    """The fencing token: the bucket revision at which the holder took the lease."""
+    age_ms: int | None = None
+    """Since the holder last renewed it."""
+
+
+class ClusterStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """What ``GET /v1/cluster`` answers: the lease bucket as the answering node reads it."""
+
+    cluster: str
+    node: str
+    """The node that answered."""
+    partitions: int
+    ttl_s: float
+    owned: list[int]
+    """The partitions the answering node serves now."""
+    draining: bool
+    nodes: list[ClusterNode]
+    leases: list[ClusterLease]
+
+
+class CommandPath(Protocol):
+    """The one way a command reaches a session: to the node owning its partition, in process
+    or over NATS (actors/cluster/commands.py). Every door uses it."""
+
+    async def submit(self, submit: Submit, timeout: float = 30.0) -> Accepted | Refused: ...
+
+    async def stop(self, stop: StopTurn, timeout: float = 10.0) -> StopResult | Refused: ...
+
+    async def clear(self, clear: ClearSession, timeout: float = 10.0) -> Cleared | Refused: ...
+
+    async def resolve(
+        self, resolve: ResolveApproval, timeout: float = 10.0
+    ) -> Resolved | Refused: ...

@@ -10,9 +10,32 @@ from __future__ import annotations
 import hashlib
 import re
 
-PREFIX = "dispach"
+DEFAULT_CLUSTER = "dispach"
+CLUSTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+"""A deployment name: a subject token and a JetStream bucket name alike."""
+PREFIX = DEFAULT_CLUSTER
+"""The first token of every subject: the deployment's name (DISPACH_CLUSTER), set once at start
+by :func:`use`, so that two deployments on one NATS cluster never hear each other."""
 _SAFE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 NONE = "_"
+
+
+def use(cluster: str) -> None:
+    """Name the deployment every subject (and queue group, and bucket) belongs to."""
+    global PREFIX  # noqa: PLW0603 - one deployment per process, named once at start
+    if not CLUSTER_NAME.fullmatch(cluster):
+        raise ValueError(f"{cluster!r} is not a deployment name")
+    PREFIX = cluster
+
+
+def queue(name: str) -> str:
+    """A queue group of this deployment."""
+    return f"{PREFIX}-{name}"
+
+
+def bucket(name: str) -> str:
+    """A JetStream key-value bucket of this deployment."""
+    return f"{PREFIX}-{name}"
 
 
 def token(value: str | None) -> str:
@@ -49,22 +72,19 @@ def ingress(agent_id: str) -> str:
     return f"{PREFIX}.ingress.{token(agent_id)}"
 
 
-def session(agent_id: str, session_key: str) -> str:
-    return f"{PREFIX}.session.{token(agent_id)}.{session_token(session_key)}"
+def node_commands(node_id: str) -> str:
+    """Commands for the sessions a node owns: ``<prefix>.node.<node>.<kind>.<partition>``
+    (actors/cluster/commands.py)."""
+    return f"{PREFIX}.node.{token(node_id)}"
 
 
-def session_admin(agent_id: str, session_key: str) -> str:
-    """Commands about a session other than a message (clearing it)."""
-    return f"{PREFIX}.sessionadmin.{token(agent_id)}.{session_token(session_key)}"
+def node_command(node_id: str, kind: str, partition: int) -> str:
+    return f"{node_commands(node_id)}.{kind}.{partition}"
 
 
-def turn(turn_id: str) -> str:
-    return f"{PREFIX}.turn.{token(turn_id)}"
-
-
-def approval(agent_id: str) -> str:
-    """Answers to approval requests of an agent's turns (any node finds the turn's session)."""
-    return f"{PREFIX}.approval.{token(agent_id)}"
+def cluster_changed() -> str:
+    """A lease was given back: every node reads the lease bucket now."""
+    return f"{PREFIX}.cluster.changed"
 
 
 def outbox(channel: str) -> str:
@@ -72,4 +92,9 @@ def outbox(channel: str) -> str:
     return f"{PREFIX}.outbox.{token(channel)}"
 
 
-OUTBOX_ALL = f"{PREFIX}.outbox.*"
+def outbox_all() -> str:
+    return f"{PREFIX}.outbox.*"
+
+
+def ingress_all() -> str:
+    return f"{PREFIX}.ingress.*"

@@ -18,7 +18,15 @@ import nats.aio.client
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
-from actors.messages import TOO_DEEP, Accepted, Refused, StopResult, too_deep
+from actors.messages import (
+    TOO_DEEP,
+    Accepted,
+    ClusterStatus,
+    CommandPath,
+    Refused,
+    StopTurn,
+    too_deep,
+)
 from actors.outbox import Channel
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
 from eventstore.catalogue import EndReason
@@ -55,11 +63,21 @@ class Runtime(Protocol):
     engine: Any
     """The node's engine (None until the node is ready): the context routes read through it
     (see gateways/context.py)."""
+
+    @property
+    def commands(self) -> CommandPath | None:
+        """The one command path to the sessions' owners (None until the node is ready)."""
+        ...
+
     accept_timeout: float
     """Seconds ``POST …/messages`` waits for its session's acceptance (gateways/acceptance.py
     says what a client is told after that)."""
 
     def uptime_ms(self) -> int: ...
+
+    def cluster_status(self) -> ClusterStatus | None:
+        """The lease bucket as this node reads it (None until the node has read it)."""
+        ...
 
     def readiness(self) -> tuple[bool, str, dict[str, bool]]: ...
 
@@ -96,6 +114,7 @@ _STATUS = {
     "approval_not_found": 404,
     "approval_busy": 409,
     "session_busy": 409,
+    "session_moving": 503,
     "idempotency_key_reused": 409,
     "accept_conflict": 409,
     "no_node": 503,
@@ -110,7 +129,8 @@ _STATUS = {
 
 def refused(r: Refused) -> ApiError:
     status = _STATUS.get(r.code, 400 if r.field is not None else 503)
-    return ApiError(status, r.code, r.message, r.hint, r.field)
+    headers = {"Retry-After": "1"} if r.code == "session_moving" else None
+    return ApiError(status, r.code, r.message, r.hint, r.field, headers=headers)
 
 
 def store_error(e: StoreError) -> ApiError:
@@ -147,6 +167,14 @@ def nats_of(request: HTTPConnection) -> nats.aio.client.Client:
     if nc is None:
         raise not_ready()
     return nc
+
+
+def commands_of(request: HTTPConnection) -> CommandPath:
+    """The node's one command path (to each session's owner), once the node is ready."""
+    commands = runtime(request).commands
+    if commands is None:
+        raise not_ready()
+    return commands
 
 
 def not_ready() -> ApiError:
@@ -321,6 +349,14 @@ async def list_agents(request: Request) -> Response:
     return json_response(agents)
 
 
+async def cluster(request: Request) -> Response:
+    """``GET /v1/cluster``: nodes, the partitions each holds, epochs and lease ages."""
+    status = runtime(request).cluster_status()
+    if status is None:
+        raise not_ready()
+    return json_response(status)
+
+
 async def get_agent(request: Request) -> Response:
     return json_response(agent(request))
 
@@ -342,7 +378,7 @@ async def post_message(request: Request) -> Response:
     if problem is not None:
         raise refused(problem)
     rt = runtime(request)
-    result = await ingress.submit(nats_of(request), target.id, message, rt.accept_timeout)
+    result = await ingress.submit(commands_of(request), target.id, message, rt.accept_timeout)
     if isinstance(result, Refused) and result.code == "accept_timeout":
         result = await acceptance.after_timeout(rt.store, target.id, message, rt.accept_timeout)
         if isinstance(result, Refused) and result.code == "accept_timeout":
@@ -436,10 +472,9 @@ async def stop_turn(request: Request) -> Response:
             f"turn {turn.turn_id} already ended ({turn.status})",
             "nothing to stop; GET the turn for its result",
         )
-    reply = await ingress.stop(nats_of(request), turn.turn_id, by="api")
-    if reply.error is not None:
-        raise refused(reply.error)
-    result = reply.stop or StopResult(stopping=False, state="unknown")
+    result = await commands_of(request).stop(StopTurn(turn_id=turn.turn_id, by="api"))
+    if isinstance(result, Refused):
+        raise refused(result)
     if not result.stopping:
         raise ApiError(
             409,

@@ -14,9 +14,8 @@ import msgspec
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
-from actors.messages import Refused
-from gateways import ingress
-from gateways.api import ApiError, agent, decode_body, fetch, nats_of, read_body, refused
+from actors.messages import Refused, ResolveApproval
+from gateways.api import ApiError, agent, commands_of, decode_body, fetch, read_body, refused
 from gateways.errors import json_response
 
 
@@ -71,7 +70,8 @@ async def resolve(
     conn: HTTPConnection, agent_id: str, approval_id: str, granted: bool, by: str
 ) -> DecisionAnswer | Refused:
     """Answer an approval (the REST route and the WebSocket's ``approve`` frame)."""
-    result = await ingress.resolve_approval(nats_of(conn), agent_id, approval_id, granted, by)
+    command = ResolveApproval(agent_id=agent_id, approval_id=approval_id, granted=granted, by=by)
+    result = await commands_of(conn).resolve(command)
     if isinstance(result, Refused):
         return result
     return DecisionAnswer(approval_id=result.approval_id, granted=result.granted)

@@ -221,6 +221,10 @@ class Client:
             self._request("POST", f"/v1/agents/{agent}/turns/{turn_id}/stop").content
         )
 
+    def cluster(self) -> dict[str, Any]:
+        """The cluster as the node reads its lease bucket: nodes, partitions, epochs, ages."""
+        return _JSON.decode(self._request("GET", "/v1/cluster").content)
+
     def agents(self) -> list[dict[str, Any]]:
         """The agents this client may reach: ``id``, ``name``, ``status``, ``model``, …"""
         return _JSON_LIST.decode(self._request("GET", "/v1/agents").content)

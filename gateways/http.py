@@ -82,6 +82,7 @@ def create_app(
         Route("/v1/ready", ready, methods=["GET"]),
         Route("/v1/openapi.json", openapi_json, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v1/cluster", api.cluster, methods=["GET"]),
         Route("/v1/agents", api.list_agents, methods=["GET"]),
         Route(agent, api.get_agent, methods=["GET"]),
         Route(agent + "/messages", api.post_message, methods=["POST"]),

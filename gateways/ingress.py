@@ -20,13 +20,8 @@ from actors.bridge import InFlight
 from actors.messages import (
     TOO_DEEP,
     Accepted,
-    Cleared,
-    ClearSession,
+    CommandPath,
     Refused,
-    Reply,
-    ResolveApproval,
-    Resolved,
-    StopTurn,
     Submit,
     too_deep,
 )
@@ -64,84 +59,40 @@ class Error(msgspec.Struct, frozen=True):
 
 
 _DECODE = msgspec.json.Decoder(IngressMessage)
-_REPLY = msgspec.json.Decoder(Reply)
 _ENCODE = msgspec.json.Encoder()
 
 
 async def submit(
-    nc: nats.aio.client.Client, agent_id: str, message: IngressMessage, timeout: float = 30.0
+    commands: CommandPath, agent_id: str, message: IngressMessage, timeout: float = 30.0
 ) -> Accepted | Refused:
-    """Send a message to its session's actor over NATS and wait for the acceptance."""
+    """Hand a checked message to its session (through its partition's owner) and wait for the
+    acceptance."""
     command = Submit(agent_id=agent_id, session_key=message.session_key, text=message.text,
                      source=message.source, concurrency=message.concurrency,
                      deliver=message.deliver, idempotency_key=message.idempotency_key,
                      sender=message.sender)  # fmt: skip
+    return await commands.submit(command, timeout)
+
+
+async def request(
+    nc: nats.aio.client.Client, agent_id: str, message: IngressMessage, timeout: float = 30.0
+) -> Accepted | Refused:
+    """Submit a message through the NATS door, as an internal producer does (any node of the
+    deployment answers; the message then takes the command path to its session's owner)."""
     try:
-        answer = await nc.request(
-            subjects.session(agent_id, message.session_key), _ENCODE.encode(command), timeout
-        )
+        answer = await nc.request(subjects.ingress(agent_id), _ENCODE.encode(message), timeout)
     except nats.errors.NoRespondersError:
-        return _NO_NODE
+        return Refused(code="no_node", message="no node serves sessions right now",
+                       hint="start a node (`dispach serve`) against this NATS")  # fmt: skip
     except nats.errors.TimeoutError:
         return Refused(code="accept_timeout",
                        message=f"the session did not answer within {timeout:g} s",
                        hint="the node is overloaded or stuck; the message may still have been "
                        "accepted, check the session's turns")  # fmt: skip
-    reply = _REPLY.decode(answer.data)
-    if reply.error is not None:
-        return reply.error
-    assert reply.accepted is not None
-    return reply.accepted
-
-
-async def stop(nc: nats.aio.client.Client, turn_id: str, by: str, timeout: float = 10.0) -> Reply:
-    return await _command(nc, subjects.turn(turn_id), StopTurn(turn_id=turn_id, by=by), timeout)
-
-
-async def clear(nc: nats.aio.client.Client, agent_id: str, session_key: str, by: str,
-                timeout: float = 10.0) -> Cleared | Refused:  # fmt: skip
-    """Clear a session's history through its actor (appends ``session.cleared``)."""
-    command = ClearSession(agent_id=agent_id, session_key=session_key, by=by)
-    reply = await _command(nc, subjects.session_admin(agent_id, session_key), command, timeout)
-    if reply.cleared is not None:
-        return reply.cleared
-    assert reply.error is not None
-    return reply.error
-
-
-async def resolve_approval(
-    nc: nats.aio.client.Client,
-    agent_id: str,
-    approval_id: str,
-    granted: bool,
-    by: str,
-    timeout: float = 10.0,
-) -> Resolved | Refused:
-    """Answer a tool call's approval request through its session's actor (whichever node)."""
-    command = ResolveApproval(agent_id=agent_id, approval_id=approval_id, granted=granted, by=by)
-    reply = await _command(nc, subjects.approval(agent_id), command, timeout)
-    if reply.resolved is not None:
-        return reply.resolved
-    assert reply.error is not None
-    return reply.error
-
-
-async def _command(
-    nc: nats.aio.client.Client, subject: str, command: object, timeout: float
-) -> Reply:
-    try:
-        answer = await nc.request(subject, _ENCODE.encode(command), timeout)
-    except nats.errors.NoRespondersError:
-        return Reply(error=_NO_NODE)
-    except nats.errors.TimeoutError:
-        return Reply(error=Refused(code="command_timeout",
-                                   message=f"no answer within {timeout:g} s",
-                                   hint="the node is overloaded or stuck; retry"))  # fmt: skip
-    return _REPLY.decode(answer.data)
-
-
-_NO_NODE = Refused(code="no_node", message="no node serves sessions right now",
-                   hint="start a node (`dispach serve`) against this NATS")  # fmt: skip
+    decoded = msgspec.json.decode(answer.data)
+    if "error" in decoded:
+        return msgspec.convert(decoded["error"], Refused)
+    return msgspec.convert(decoded, Accepted)
 
 
 def session_key_problem(key: str) -> Refused | None:
@@ -190,15 +141,16 @@ def check(message: IngressMessage) -> Refused | None:
 
 
 class Ingress:
-    def __init__(self, nc: nats.aio.client.Client, agents: set[str]) -> None:
+    def __init__(self, nc: nats.aio.client.Client, agents: set[str], commands: CommandPath) -> None:
         self._nc = nc
         self._agents = agents
+        self._commands = commands
         self._sub: nats.aio.subscription.Subscription | None = None
         self._inflight = InFlight()
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(
-            f"{subjects.PREFIX}.ingress.*", "dispach-ingress", cb=self._inflight.wrap(self._handle)
+            subjects.ingress_all(), subjects.queue("ingress"), cb=self._inflight.wrap(self._handle)
         )
 
     async def stop(self, timeout: float = 10.0) -> None:
@@ -231,7 +183,7 @@ class Ingress:
             return Refused(code="invalid_message", message=f"the message is not valid: {e}",
                            hint='send JSON like {"text": "hello", "sessionKey": "api:default"}',
                            field=field)  # fmt: skip
-        return check(message) or await submit(self._nc, agent_id, message)
+        return check(message) or await submit(self._commands, agent_id, message)
 
 
 def _texts(message: IngressMessage) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from cronsim.cronsim import SYMBOLIC_DAYS, SYMBOLIC_MONTHS
 
-from actors.messages import SessionContext, TurnContext
+from actors.messages import ClusterStatus, SessionContext, TurnContext
 from actors.schedule.plan import ScheduleSpec
 from eventstore import REGISTRY, WireEvent
 from gateways.api import STATUSES
@@ -40,6 +40,7 @@ from gateways.sse import IssuedToken, TokenRequest
 from gateways.streamtokens import MAX_TTL_S
 
 _TYPES: tuple[Any, ...] = (
+    ClusterStatus,
     SessionContext,
     TurnContext,
     ApprovalList,
@@ -299,6 +300,13 @@ def _paths() -> dict[str, Any]:
                 {"200": _json({"type": "object"}, "OpenAPI 3.1")},
                 errors=(),
                 open_=True,
+            )
+        },
+        "/v1/cluster": {
+            "get": _op(
+                "The cluster: nodes, the partitions each owns, lease epochs and ages",
+                {"200": _json(_ref(ClusterStatus), "The lease bucket as this node reads it")},
+                errors=("401", "503"),
             )
         },
         "/v1/agents": {

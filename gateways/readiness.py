@@ -30,6 +30,8 @@ from gateways.errors import deny, error_response
 POSTGRES = "postgres"
 NATS = "nats"
 PROJECTIONS = "projections"
+CLUSTER = "cluster"
+"""The node has read the lease bucket: it knows where every session's commands go."""
 """The names of the readiness checks (runtime/node.py computes them, this module reads them)."""
 
 RETRY_AFTER_S = 1

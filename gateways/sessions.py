@@ -9,9 +9,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.messages import Refused
-from gateways import ingress
-from gateways.api import MAX_PAGE, ApiError, agent, fetch, int_param, nats_of, refused
+from actors.messages import ClearSession, Refused
+from gateways.api import MAX_PAGE, ApiError, agent, commands_of, fetch, int_param, refused
 from gateways.errors import json_response
 from gateways.schemas import ClearedBody, MessagePage, SessionSummary, StoredMessage
 
@@ -121,7 +120,9 @@ async def session(request: Request) -> Response:
 async def clear_session(request: Request) -> Response:
     agent_id = agent(request).id
     key = request.path_params["key"]
-    result = await ingress.clear(nats_of(request), agent_id, key, by="api")
+    result = await commands_of(request).clear(
+        ClearSession(agent_id=agent_id, session_key=key, by="api")
+    )
     if isinstance(result, Refused):
         raise refused(result)
     return json_response(ClearedBody(cleared=result.session_key))

@@ -27,12 +27,12 @@ import structlog
 from starlette import types as asgi
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from actors.messages import TOO_DEEP, Refused, too_deep
+from actors.messages import TOO_DEEP, Refused, StopResult, StopTurn, too_deep
 from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
 from eventstore.catalogue import Deliver, TurnEnd
 from eventstore.feed import Scope
 from gateways import approvals, ingress, metrics
-from gateways.api import ApiError, load_turn, nats_of, principal, runtime, visible_agent
+from gateways.api import ApiError, commands_of, load_turn, principal, runtime, visible_agent
 from gateways.auth import STREAM_READ_ONLY_HINT, SUBPROTOCOL
 from gateways.sse import feed_of, session_problem, turn_backlog, turn_problem
 
@@ -217,7 +217,9 @@ class Socket:
             deliver=frame.deliver,
             idempotency_key=frame.idempotency_key,
         )
-        result = ingress.check(message) or await ingress.submit(nats_of(self.ws), agent_id, message)
+        result = ingress.check(message) or await ingress.submit(
+            commands_of(self.ws), agent_id, message
+        )
         if isinstance(result, Refused):
             self.error(result.code, result.message, result.hint, ref=frame.ref)
             return
@@ -356,8 +358,8 @@ class Socket:
             return
         found = False
         if turn.status == "running":
-            reply = await ingress.stop(nats_of(self.ws), turn_id, by="ws")
-            found = reply.stop is not None and reply.stop.stopping
+            result = await commands_of(self.ws).stop(StopTurn(turn_id=turn_id, by="ws"))
+            found = isinstance(result, StopResult) and result.stopping
         self.send("ws.stopping", turnId=turn_id, found=found)
 
     def _refuses_agent(self, agent_id: str, **extra: Any) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import socket
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 
+from eventstore import subjects
 from runtime.errors import ConfigError
 
 DEFAULT_PORT = 7420
@@ -48,6 +50,20 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Open connections (WebSockets included) from one client address; 0: no cap
     (DISPACH_MAX_CONNECTIONS_PER_CLIENT)."""
     node_id: str = ""
+    cluster: str = "dispach"
+    """The deployment's name: it prefixes every NATS subject, queue group and key-value bucket,
+    so two deployments can share one NATS cluster (DISPACH_CLUSTER)."""
+    partitions: int = 64
+    """Sessions hash to this many partitions, each owned by one node at a time; fixed for the
+    life of a deployment (DISPACH_PARTITIONS)."""
+    lease_ttl_seconds: float = 10.0
+    """A partition lease not renewed for this long expires and another node takes the
+    partition over (DISPACH_LEASE_TTL_SECONDS; renewed every third of it)."""
+    replicas: int = 1
+    """Copies the lease bucket keeps on a NATS cluster (DISPACH_KV_REPLICAS: 3 on a 3-server
+    cluster)."""
+    workers: int = 1
+    """Node processes ``dispach serve`` runs behind one port (DISPACH_WORKERS, or --workers)."""
     log_format: str = "auto"
     log_level: str = "info"
     pool_size: int = 8
@@ -108,6 +124,11 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "body_timeout_seconds": float(_int(env, "DISPACH_BODY_TIMEOUT_SECONDS", 30)),
         "max_connections_per_client": _int(env, "DISPACH_MAX_CONNECTIONS_PER_CLIENT", 256),
         "node_id": env.get("DISPACH_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}",
+        "cluster": env.get("DISPACH_CLUSTER") or "dispach",
+        "partitions": _int(env, "DISPACH_PARTITIONS", 64),
+        "lease_ttl_seconds": _float(env, "DISPACH_LEASE_TTL_SECONDS", 10.0),
+        "replicas": _int(env, "DISPACH_KV_REPLICAS", 1),
+        "workers": workers(env.get("DISPACH_WORKERS") or "1"),
         "log_format": env.get("DISPACH_LOG_FORMAT", "auto"),
         "log_level": env.get("DISPACH_LOG_LEVEL", "info"),
         "pool_size": _int(env, "DISPACH_PG_POOL", 8),
@@ -145,6 +166,7 @@ def validate(settings: Settings) -> None:
             f"DISPACH_PORT={settings.port} is not a TCP port", "use 1-65535", "DISPACH_PORT"
         )
     _validate_http_limits(settings)
+    _validate_cluster(settings)
     if not settings.loopback and not settings.tokens:
         raise ConfigError(
             f"refusing to listen on {settings.host} without an API token",
@@ -206,6 +228,74 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _validate_cluster(settings: Settings) -> None:
+    if not subjects.CLUSTER_NAME.fullmatch(settings.cluster):
+        raise ConfigError(
+            f"DISPACH_CLUSTER={settings.cluster!r} is not a deployment name",
+            "use 1-32 lower-case letters, digits, '-' or '_', starting with a letter",
+            "DISPACH_CLUSTER",
+        )
+    if not 1 <= settings.partitions <= 4096:
+        raise ConfigError(
+            f"DISPACH_PARTITIONS={settings.partitions} is out of range",
+            "use 1-4096 (default 64), and keep it for the life of the deployment",
+            "DISPACH_PARTITIONS",
+        )
+    if not 1 <= settings.lease_ttl_seconds <= 300:
+        raise ConfigError(
+            f"DISPACH_LEASE_TTL_SECONDS={settings.lease_ttl_seconds:g} is out of range",
+            "use 1-300 seconds (default 10): failover takes about this long",
+            "DISPACH_LEASE_TTL_SECONDS",
+        )
+    if not 1 <= settings.replicas <= 5:
+        raise ConfigError(
+            f"DISPACH_KV_REPLICAS={settings.replicas} is out of range",
+            "use 1 for one NATS server, 3 for a 3-server cluster",
+            "DISPACH_KV_REPLICAS",
+        )
+    if not 1 <= settings.workers <= 64:
+        raise ConfigError(
+            f"{settings.workers} workers is out of range",
+            "use 1-64 worker processes, or 'auto' for one per core",
+            "DISPACH_WORKERS",
+        )
+
+
+def nats_servers(url: str) -> list[str]:
+    """NATS_URL may list a cluster's servers, comma-separated: the client connects to one and
+    fails over to the others."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
+def workers(raw: str) -> int:
+    """A worker count as written (DISPACH_WORKERS, --workers): a number, or ``auto`` (cores)."""
+    if raw.strip().lower() == "auto":
+        return max(1, os.cpu_count() or 1)
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{raw!r} is not a worker count",
+            "use a whole number, or 'auto' (one per core)",
+            "DISPACH_WORKERS",
+        ) from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not a number", f"set {name} to a number of seconds", name
+        ) from None
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r} is not finite", f"set {name} to a number", name)
+    return value
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import signal
+import socket
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -21,12 +23,14 @@ import uvicorn
 
 from actors import ActorHost, Portal
 from actors.agent import Agent
+from actors.cluster.commands import Commands
+from actors.cluster.ownership import Ownership
 from actors.engine import Engine
 from actors.inbox import ChannelHost
+from actors.messages import ClusterStatus
 from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
-from actors.router import Router
-from actors.schedule.actor import SchedulerActor
+from actors.schedule.actor import CLOCK_ON, SchedulerActor
 from eventstore import (
     ASYNC,
     INLINE,
@@ -42,11 +46,11 @@ from eventstore.feed import Feed
 from gateways import create_app
 from gateways.ingress import Ingress
 from gateways.protocol import Limits, http_protocol
-from gateways.readiness import NATS, POSTGRES, PROJECTIONS
+from gateways.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
 from gateways.schemas import AgentDetail, ToolInfo
 from gateways.wsprotocol import EdgeWebSocket
 from runtime import manifest
-from runtime.config import Settings
+from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
 
@@ -68,7 +72,8 @@ class Node:
         self.engine: Engine | None = None
         self.feed: Feed | None = None
         self._details: dict[str, AgentDetail] = {}
-        self._router: Router | None = None
+        self.ownership: Ownership | None = None
+        self.commands: Commands | None = None
         self._ingress: Ingress | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._outbox: pykka.ActorRef[Any] | None = None
@@ -86,6 +91,11 @@ class Node:
         agent = self.agents.get(agent_id)
         return agent.channels.get(channel_id) if agent is not None else None
 
+    def cluster_status(self) -> ClusterStatus | None:
+        if self.ownership is None or not self.ownership.ready:
+            return None
+        return self.ownership.status()
+
     def uptime_ms(self) -> int:
         return int((time.monotonic() - self._started) * 1000)
 
@@ -98,6 +108,7 @@ class Node:
             and self._hints_nc is not None
             and self._hints_nc.is_connected,
             PROJECTIONS: bool(self._tasks) and not any(t.done() for t in self._tasks),
+            CLUSTER: self.ownership is not None and self.ownership.ready,
         }
         return self._phase == "ready" and all(checks.values()), self._phase, checks
 
@@ -106,12 +117,13 @@ class Node:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._portal = Portal(loop)
+        subjects.use(self.settings.cluster)
         if self.services.needed:
             await asyncio.to_thread(self.services.start)
         database_url, nats_url = self.services.database_url, self.services.nats_url
         assert database_url is not None and nats_url is not None
         self.nc = await nats.connect(
-            nats_url,
+            servers=nats_servers(nats_url),
             name=f"dispach-{self.node_id}",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
@@ -130,7 +142,7 @@ class Node:
         # Commit hints travel on a connection of their own with no_echo: other nodes' hints
         # arrive, this node's own commits wake its readers directly (see _on_commit).
         self._hints_nc = await nats.connect(
-            nats_url,
+            servers=nats_servers(nats_url),
             name=f"dispach-{self.node_id}-hints",
             no_echo=True,
             max_reconnect_attempts=-1,
@@ -155,24 +167,55 @@ class Node:
             store, self.agents, self._portal, self.actors, self.node_id,
             idle_seconds=self.settings.session_idle_seconds,
             max_sessions=self.settings.max_sessions,
+            partitions=self.settings.partitions,
         )  # fmt: skip
-        self._router = Router(self.nc, self.engine)
-        await self._router.start()
-        self._ingress = Ingress(self.nc, set(self.agents))
-        await self._ingress.start()
-        resumed = await self.engine.resume_unfinished()
-        self._tasks.append(asyncio.create_task(self.engine.passivate_idle(), name="passivate"))
-        # The outbox recovers in-doubt items before it sends anything; channels take messages
-        # in only once the node can accept them.
-        self._outbox = self.actors.start(
-            OutboxActor, self._portal, store, self.channel, self.node_id,
-            poll_s=self.settings.outbox_poll_seconds,
+        ownership = Ownership(
+            self.nc, self.node_id,
+            partitions=self.settings.partitions,
+            ttl=self.settings.lease_ttl_seconds,
+            replicas=self.settings.replicas,
+            handover_seconds=self.settings.drain_seconds,
         )  # fmt: skip
-        await self._hints_nc.subscribe(subjects.OUTBOX_ALL, cb=self._on_kick)
-        self.scheduler = self.actors.start(SchedulerActor, self.engine)
+        self.ownership = ownership
+        portal = self._portal
+        store.fencing = ownership.fence_for
+        store.on_fenced = lambda partition: portal.call_soon(ownership.fenced, partition)
+        self.commands = Commands(
+            self.engine, ownership, self.nc,
+            wait_seconds=min(self.accept_timeout, self.settings.lease_ttl_seconds + 2),
+        )  # fmt: skip
+        await self.commands.listen()
+        self._ingress = Ingress(self.nc, set(self.agents), self.commands)
+        self.scheduler = self.actors.start(SchedulerActor, self.engine, self.commands)
+        scheduler = self.scheduler
+        ownership.singleton(
+            "scheduler",
+            lambda: _tell(scheduler, CLOCK_ON),
+            lambda: _settle(scheduler, DRAIN, self.settings.drain_seconds),
+        )
         for agent in self.agents.values():
+            host = ChannelHost(self.engine, self.commands, agent.id)
             for channel in agent.channels.values():
-                await channel.start(ChannelHost(self.engine, agent.id))
+                if channel.singleton is None:
+                    await channel.start(host)
+                else:  # its inbound runs on one node at a time (a bot's long poll)
+                    ownership.singleton(
+                        channel.singleton,
+                        functools.partial(channel.start, host),
+                        channel.stop,
+                    )
+        # Partitions are opened (fenced, their unfinished turns resumed) as their leases come.
+        await ownership.start(self.engine, store)
+        # The outbox recovers in-doubt items before it sends anything, once the members are
+        # known (an attempt of a live member is not in doubt).
+        self._outbox = self.actors.start(
+            OutboxActor, self._portal, store, self.channel, self.node_id, ownership.alive,
+            poll_s=self.settings.outbox_poll_seconds,
+            recover_every_s=max(5.0, self.settings.lease_ttl_seconds),
+        )  # fmt: skip
+        await self._hints_nc.subscribe(subjects.outbox_all(), cb=self._on_kick)
+        await self._ingress.start()
+        self._tasks.append(asyncio.create_task(self.engine.passivate_idle(), name="passivate"))
         self._phase = "ready"
         log.info(
             "node_ready",
@@ -184,7 +227,8 @@ class Node:
             schema=self.settings.schema,
             migrations_applied=applied,
             agents=sorted(self.agents),
-            turns_resumed=resumed,
+            cluster=self.settings.cluster,
+            partitions_owned=len(ownership.epochs),
             startup_ms=self.uptime_ms(),
         )
 
@@ -225,10 +269,7 @@ class Node:
         stop embedded services. Safe to call whatever ``start`` reached."""
         self._phase = "draining"
         timeout = self.settings.drain_seconds
-        if self._ingress is not None:
-            await self._ingress.stop()
-        if self._router is not None:
-            await self._router.stop()
+        await self._leave(timeout)
         await self._stop_delivery(timeout)
         if self.engine is not None:
             await self.engine.drain(timeout)  # stops the actors and waits for the turns
@@ -261,6 +302,17 @@ class Node:
         self._phase = "stopped"
         log.info("node_stopped", node=self.node_id)
 
+    async def _leave(self, timeout: float) -> None:
+        """Take no more commands, and hand every partition over between turns (and the
+        singletons): the other nodes take them; alone, what is still queued resumes at the
+        next start."""
+        if self._ingress is not None:
+            await self._ingress.stop()
+        if self.ownership is not None and self.ownership.ready:
+            await self.ownership.drain(timeout)
+        if self.commands is not None:
+            await self.commands.close()
+
     async def _stop_delivery(self, timeout: float) -> None:
         """Channels stop taking messages in; the scheduler's clock stops; the outbox starts no
         more sends and lets those in flight finish (and be recorded), so a clean stop leaves no
@@ -284,8 +336,10 @@ class _Server(uvicorn.Server):
         yield
 
 
-async def serve(settings: Settings) -> int:
-    """Run a node until SIGTERM or SIGINT; returns the process exit status."""
+async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
+    """Run a node until SIGTERM or SIGINT; returns the process exit status. ``sock``: a socket
+    already listening, shared with the other workers of ``serve --workers`` (runtime/workers.py),
+    served instead of binding ``settings.host:port``."""
     node = Node(settings)
     if node.services.needed:
         # Refuse a data directory another node holds before binding anything.
@@ -357,7 +411,7 @@ async def serve(settings: Settings) -> int:
 
     starting.add_done_callback(on_started)
     try:
-        await server.serve()
+        await server.serve(sockets=None if sock is None else [sock])
         if not server.started and status == 0:
             status = 1  # could not bind (uvicorn logged why)
     finally:
@@ -392,6 +446,18 @@ def agent_detail(agent: Agent) -> AgentDetail:
         limits=msgspec.to_builtins(agent.limits),
         max_output_tokens=agent.max_tokens_per_call,
     )
+
+
+async def _tell(actor: pykka.ActorRef[Any], message: object) -> None:
+    with contextlib.suppress(pykka.ActorDeadError):
+        actor.tell(message)
+
+
+async def _settle(actor: pykka.ActorRef[Any], message: object, timeout: float) -> None:
+    """Ask an actor something it answers with a future, and wait for that future."""
+    with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
+        settled = await Portal.ask(actor, message, timeout)
+        await asyncio.wait_for(asyncio.wrap_future(settled), timeout)
 
 
 async def _nats_error(e: Exception) -> None:

@@ -10,6 +10,7 @@ import nats
 import nats.errors
 
 from eventstore import REGISTRY, START, Checkpoint, EventStore, NatsHints, RecordedEvent
+from runtime.config import nats_servers
 from runtime.errors import ConfigError
 
 
@@ -45,7 +46,9 @@ async def tail(
     if nats_url:
         # Without a node (and its NATS) the tail still works: it polls.
         with contextlib.suppress(nats.errors.Error, OSError, TimeoutError):
-            nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=-1)
+            nc = await nats.connect(
+                servers=nats_servers(nats_url), connect_timeout=2, max_reconnect_attempts=-1
+            )
             hints = NatsHints(nc, store.hints)
             await hints.start()
 

@@ -16,7 +16,7 @@ import pytest
 
 from actors.messages import Accepted
 from eventstore import streams
-from gateways.ingress import IngressMessage, submit
+from gateways.ingress import IngressMessage, request
 from tests.conftest import ApiFactory, ApiServer
 
 T = TypeVar("T")
@@ -335,8 +335,8 @@ async def test_a_key_belongs_to_one_agent(api_factory: ApiFactory) -> None:
 async def test_nats_ingress_replays_a_keyed_message(api: ApiServer) -> None:
     assert api.node.nc is not None
     message = IngressMessage(text="over nats", idempotency_key="nats-key")
-    first = await submit(api.node.nc, "assistant", message)
-    second = await submit(api.node.nc, "assistant", message)
+    first = await request(api.node.nc, "assistant", message)
+    second = await request(api.node.nc, "assistant", message)
     assert isinstance(first, Accepted) and isinstance(second, Accepted)
     assert (first.replayed, second.replayed) == (False, True)
     assert first.turn_id == second.turn_id

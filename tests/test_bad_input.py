@@ -206,10 +206,10 @@ async def test_deep_json_on_nats_gets_an_error_reply_on_every_subject(
 ) -> None:
     targets = [
         subjects.ingress("assistant"),
-        subjects.session("assistant", "api:default"),
-        subjects.turn("t_nope"),
-        subjects.session_admin("assistant", "api:default"),
-        subjects.approval("assistant"),
+        *(
+            subjects.node_command(api.node.node_id, kind, 0)
+            for kind in ("submit", "stop", "clear", "resolve")
+        ),
     ]
     nc = await nats.connect(servers.nats_url)
     try:

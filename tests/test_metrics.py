@@ -16,13 +16,12 @@ from starlette.routing import Route
 
 from eventstore import START, RecordedEvent
 from eventstore.catalogue import TurnEnd
-from gateways.ingress import stop
 from gateways.metrics import STREAM_SUBSCRIBERS, metrics_endpoint
 from runtime.node import Node
 from tests import fakes
 from tests.conftest import NodeFactory
 from tests.fakes import FakeAnthropic, Reply, StreamFault
-from tests.turns import send, store_of, wait_end
+from tests.turns import send, stop, store_of, wait_end
 
 fake_anthropic = fakes.fake_anthropic
 
@@ -131,7 +130,7 @@ async def test_turns_move_the_turn_step_model_tool_and_append_metrics(
     await asyncio.wait_for(first_event(node, accepted.turn_id, "tool.call"), 10)
     assert sample("dispach_turns_running") - turns[("dispach_turns_running", ())] == 1
     assert node.nc is not None
-    await stop(node.nc, accepted.turn_id, by="test")
+    await stop(node, accepted.turn_id)
     assert end_reason(await wait_end(node, accepted.turn_id)) == "stopped"
     await settled(node)
 

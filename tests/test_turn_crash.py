@@ -19,7 +19,7 @@ import pytest
 from actors.messages import Accepted
 from eventstore import EventStore, streams
 from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
-from gateways.ingress import IngressMessage, submit
+from gateways.ingress import IngressMessage, request
 from tests import fakes
 from tests.conftest import ROOT, Servers
 from tests.fakes import FakeAnthropic, Reply, ToolUse
@@ -96,7 +96,7 @@ async def test_kill_9_during_a_tool_call_then_restart(
     try:
         accepted = None
         for _ in range(200):  # until the node serves sessions
-            result = await submit(nc, "crashy", IngressMessage(text="record it"), timeout=2)
+            result = await request(nc, "crashy", IngressMessage(text="record it"), timeout=2)
             if isinstance(result, Accepted):
                 accepted = result
                 break

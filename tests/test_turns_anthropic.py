@@ -21,12 +21,11 @@ from eventstore.catalogue import (
     ToolResult,
     TurnEnd,
 )
-from gateways.ingress import stop
 from runtime.node import Node
 from tests import fakes
 from tests.conftest import ConnectFactory, NodeFactory
 from tests.fakes import FakeAnthropic, HttpError, Reply, StreamFault, ToolUse, estimate_input_tokens
-from tests.turns import refused, send, store_of, turn_row, types, wait_end
+from tests.turns import refused, send, stop, store_of, turn_row, types, wait_end
 
 fake_anthropic = fakes.fake_anthropic
 
@@ -249,8 +248,7 @@ async def test_stop_mid_stream_keeps_the_partial_text_and_the_session_goes_on(
     await asyncio.wait_for(first_event(node, accepted.turn_id, "model.chunk"), 10)
     assert node.nc is not None
     asked = time.monotonic()
-    reply = await stop(node.nc, accepted.turn_id, by="test")
-    assert reply.stop is not None and reply.stop.stopping
+    assert (await stop(node, accepted.turn_id)).stopping
     events = await wait_end(node, accepted.turn_id)
     took = time.monotonic() - asked
     end = end_of(events)
@@ -404,7 +402,7 @@ async def test_stop_mid_tool_closes_the_call_as_cancelled(
     await asyncio.wait_for(first_event(node, accepted.turn_id, "tool.call"), 10)
     assert node.nc is not None
     asked = time.monotonic()
-    await stop(node.nc, accepted.turn_id, by="test")
+    await stop(node, accepted.turn_id)
     events = await wait_end(node, accepted.turn_id)
     took = time.monotonic() - asked
     end = end_of(events)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from eventstore import subjects
 from eventstore.catalogue import ModelResult, ToolCall, ToolResult, TurnEnd
 from tests.conftest import NodeFactory
 from tests.turns import send, turn_row, types, wait_end
@@ -67,7 +68,7 @@ async def test_malformed_commands_on_internal_subjects_get_an_error_reply(
 ) -> None:
     node = await node_factory.start()
     assert node.nc is not None
-    for subject in ("dispach.session.assistant.x", "dispach.turn.t_x"):
+    for subject in (subjects.node_command(node.node_id, k, 0) for k in ("submit", "stop")):
         for body in (b"not json", b'{"unexpected": true}'):
             answer = await node.nc.request(subject, body, timeout=5)
             error = msgspec.json.decode(answer.data)["error"]

@@ -5,24 +5,32 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from actors.messages import Accepted, Refused
+from actors.messages import Accepted, Refused, StopResult, StopTurn
 from eventstore import START, EventStore, RecordedEvent, streams
-from gateways.ingress import IngressMessage, submit
+from gateways.ingress import IngressMessage, request
 from runtime.node import Node
 
 
 async def send(node: Node, agent: str, text: str, session: str = "api:default",
                **extra: Any) -> Accepted:  # fmt: skip
     assert node.nc is not None
-    result = await submit(node.nc, agent, IngressMessage(text=text, session_key=session, **extra))
+    result = await request(node.nc, agent, IngressMessage(text=text, session_key=session, **extra))
     assert isinstance(result, Accepted), result
     return result
 
 
 async def refused(node: Node, agent: str, text: str, **extra: Any) -> Refused:
     assert node.nc is not None
-    result = await submit(node.nc, agent, IngressMessage(text=text, **extra))
+    result = await request(node.nc, agent, IngressMessage(text=text, **extra))
     assert isinstance(result, Refused), result
+    return result
+
+
+async def stop(node: Node, turn_id: str, by: str = "test") -> StopResult:
+    """Stop a turn through the node's command path (as the HTTP and WebSocket doors do)."""
+    assert node.commands is not None
+    result = await node.commands.stop(StopTurn(turn_id=turn_id, by=by))
+    assert isinstance(result, StopResult), result
     return result
 
 

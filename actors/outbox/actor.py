@@ -19,7 +19,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import os
 import random
 import time
 from collections import deque
@@ -78,8 +77,10 @@ class OutboxActor(LoopActor):
         store: EventStore,
         channels: ChannelLookup,
         node_id: str,
+        alive: Callable[[str], bool] = lambda node: False,
         *,
         poll_s: float = 1.0,
+        recover_every_s: float = _STALE_S / 4,
         max_in_flight: int = 256,
     ) -> None:
         super().__init__(portal.loop)
@@ -87,6 +88,9 @@ class OutboxActor(LoopActor):
         self._store = store
         self._channels = channels
         self._node_id = node_id
+        self._alive = alive
+        """Whether a node is a live member of the cluster (its lease heartbeat holds)."""
+        self._recover_every_s = recover_every_s
         self._poll_s = poll_s
         self._max_in_flight = max_in_flight
         self._rng = random.Random()  # noqa: S311 - retry jitter, not a secret
@@ -154,7 +158,7 @@ class OutboxActor(LoopActor):
             self._wake.clear()
             wait = self._poll_s
             try:
-                if time.monotonic() - checked > _STALE_S / 4:
+                if time.monotonic() - checked > self._recover_every_s:
                     checked = time.monotonic()
                     self.recovered += await self._recover()  # another host's dead node
                 started = await self._start_due()
@@ -169,7 +173,8 @@ class OutboxActor(LoopActor):
                 log.exception("outbox_loop_failed")
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(wait, self._poll_s))
+                    async with asyncio.timeout(min(wait, self._poll_s)):
+                        await self._wake.wait()
 
     async def _start_due(self) -> int:
         """Start what the free slots allow, from the items read ahead; read more (one query)
@@ -303,18 +308,21 @@ class OutboxActor(LoopActor):
 
     # --- recovery -----------------------------------------------------------------------------
 
+    def _dead(self, node: str | None) -> bool:
+        """Whether the node that made an attempt is surely gone."""
+        return not node or node == self._node_id or not self._alive(node)
+
     async def _recover(self) -> int:
         """Flag the items a dead node left in doubt (see the module docstring); returns how
         many. An attempt is known dead when it was this node's (an earlier life of it: nothing
-        is in flight yet at start), or another process on this host that no longer runs; an
-        attempt of another host's node counts as dead once it is older than any send may take
-        (a live node records every answer, or a timeout, within ``_SEND_TIMEOUT_S``), so a node
-        starting beside a live one never resends that one's items."""
+        is in flight yet at start, and this node's own sends are skipped), or its node is no
+        live member of the cluster: the membership lease, not a guess from process ids or
+        ages, says so, so a node starting beside a live one never resends that one's items."""
         flags: list[tuple[Item, str | None, bool, asyncio.Future[AppendResult]]] = []
         for row in await self._store.afetch(_INFLIGHT):
-            *fields, node, age = row
+            *fields, node, _age = row
             item = Item(**dict(zip(_ITEM_FIELDS, fields, strict=True)))
-            if item.item_id in self._busy or not _dead(node, float(age), self._node_id):
+            if item.item_id in self._busy or not self._dead(node):
                 continue
             channel = self._channels(item.agent_id, item.channel_id)
             meta = Metadata(
@@ -347,21 +355,6 @@ class OutboxActor(LoopActor):
 
 
 _ITEM_FIELDS = tuple(Item.__struct_fields__)
-
-
-def _dead(node: str | None, age_s: float, me: str) -> bool:
-    """Whether the node that made an attempt ``age_s`` ago is surely gone."""
-    if not node or node == me or age_s > _STALE_S:
-        return True
-    host, _, pid = node.rpartition("-")
-    if host == me.rpartition("-")[0] and pid.isdigit():
-        try:
-            os.kill(int(pid), 0)  # signal 0: is there such a process?
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # it exists (someone else's)
-    return False
 
 
 def _unknown_channel(item: Item) -> DeliveryFailed:

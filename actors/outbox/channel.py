@@ -66,6 +66,9 @@ class Channel(Protocol):
     """How the provider counts a message's length (Telegram: UTF-16 code units)."""
     allow_from: frozenset[str]
     """Inbound: who may talk to the agent (ids, ``@handles``, or ``*``); empty admits nobody."""
+    singleton: str | None
+    """Inbound runs on one node of the cluster at a time, under this lease (a bot's long poll:
+    two pollers would split its updates); None: every node takes inbound (webhooks)."""
 
     def target_problem(self, to: str, thread: str | None) -> str | None:
         """Why ``to`` (and ``thread``) cannot be a recipient on this channel, or None: checked

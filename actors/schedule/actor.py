@@ -1,14 +1,17 @@
 """SchedulerActor: fires schedules as inbound messages and keeps their streams.
 
-Firing is the same door as any message (Engine.submit) with the Idempotency-Key
+Firing is the same door as any message (the command path to the session's owner) with the
+Idempotency-Key
 ``schedule:<id>:<due time>``: two nodes firing the same tick, or a node that fired and crashed
 before recording it, make one turn. The message is submitted first and ``schedule.fired``
 recorded after it (expecting the stream version the actor read), so a crash between the two
 fires the same tick again at the next start, which the key turns into a replay. Ticks missed while
 no node ran are not made up in a burst: they are counted in one ``schedule.skipped``.
 
-The actor is the only writer of ``schedule-<agent>-<id>`` streams: definitions from manifests
-(reconciled at start) and from the API come through it.
+Every node runs the actor (definitions from the API come through the node that took them), but
+only the node holding the ``scheduler`` lease runs the clock (``CLOCK_ON``): one clock per
+cluster. The actor is the only writer of ``schedule-<agent>-<id>`` streams: definitions from
+manifests (reconciled at start) and from the API come through it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import structlog
 from actors.bridge import Ask, LoopActor, Portal, answer
 from actors.messages import (
     Accepted,
+    CommandPath,
     DefineSchedule,
     Refused,
     RemoveSchedule,
@@ -54,6 +58,9 @@ log = structlog.get_logger("dispach.scheduler")
 
 KICK = "kick"
 DRAIN = "drain"
+CLOCK_ON = "clock-on"
+"""Start the clock: this node holds the scheduler's lease (one clock per cluster). ``DRAIN``
+stops it again (the lease is handed over, or the node stops)."""
 """Ask: stop the clock; the answer is a future that settles once its task has ended."""
 _HORIZON_S = 30.0
 """The longest sleep: each wake re-reads the clock, so a clock step or a suspend is noticed."""
@@ -74,19 +81,18 @@ class SchedulerActor(LoopActor):
     def __init__(
         self,
         engine: Engine,
+        commands: CommandPath,
         *,
         grace: timedelta = timedelta(seconds=60),
     ) -> None:
         super().__init__(engine.portal.loop)
         self._engine = engine
+        self._commands = commands
         self._manifests = {a.id: list(a.schedules) for a in engine.agents.values()}
         self._grace = grace
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closer: asyncio.Task[None] | None = None
-
-    def on_start(self) -> None:
-        self._task = self._loop.create_task(self._run(), name="scheduler")
 
     def on_stop(self) -> None:
         if self._task is not None:
@@ -114,6 +120,9 @@ class SchedulerActor(LoopActor):
         match message:
             case "kick":
                 self._wake.set()
+            case "clock-on":
+                if self._task is None or self._task.done():
+                    self._task = self._loop.create_task(self._run(), name="scheduler")
             case "drain":
                 return self._stopping()
             case DefineSchedule() | RemoveSchedule() as change:
@@ -141,7 +150,8 @@ class SchedulerActor(LoopActor):
                 log.warning("scheduler_tick_failed", error=e.message)
                 wait = 1.0
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, min(wait, _HORIZON_S)))
+                async with asyncio.timeout(max(0.0, min(wait, _HORIZON_S))):
+                    await self._wake.wait()
 
     async def _tick(self, now: datetime) -> float:
         """Fire what is due, record what was missed; returns seconds until the next due.
@@ -203,7 +213,7 @@ class SchedulerActor(LoopActor):
         return recorded
 
     async def _submit(self, agent_id: str, spec: ScheduleSpec, due: datetime) -> Accepted | Refused:
-        return await self._engine.submit(
+        return await self._commands.submit(
             Submit(
                 agent_id=agent_id,
                 session_key=plan.session_key(spec, due),

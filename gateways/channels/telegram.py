@@ -31,6 +31,7 @@ import httpx2
 import structlog
 
 from actors.outbox import Inbound, InboundMessage, Outbound, SendResult, utf16_len
+from eventstore import subjects
 from gateways.channels.config import TelegramConfig
 
 log = structlog.get_logger("dispach.telegram")
@@ -88,6 +89,10 @@ class TelegramChannel:
         # Handles match without their @ and in any case; ids match as given.
         self.allow_from = frozenset(a.strip().lower().removeprefix("@") for a in config.allow_from)
         self.bot_id = token.split(":", 1)[0]
+        # One long poll per bot across the cluster (two would split its updates between them).
+        self.singleton = (
+            f"telegram.{subjects.token(self.bot_id)}" if config.mode == "longpoll" else None
+        )
         self._token = token
         self._base = f"{config.api_base_url.rstrip('/')}/bot{token}/"
         self._webhook_secret = webhook_secret

@@ -66,6 +66,7 @@ class WebhookChannel:
         self.concurrency = config.concurrency
         self.measure: Callable[[str], int] = len
         self.allow_from: frozenset[str] = frozenset()
+        self.singleton: str | None = None
         self._url = config.url
         self._secret = secret.encode()
         self._timeout = aiohttp.ClientTimeout(total=config.timeout_s)
