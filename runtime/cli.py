@@ -18,6 +18,7 @@ from runtime import config as config_module
 if TYPE_CHECKING:
     from eventstore import EventStore, Projection
     from gateways.client import Client, StreamFrame
+    from runtime.config import Settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,25 +36,53 @@ def main() -> None:
 @click.option("--port", type=int, help="Port (DISPACH_PORT, default 7420).")
 @click.option("--home", type=click.Path(), help="Data directory (DISPACH_HOME).")
 @click.option("--agents", type=click.Path(), help="Directory of agent manifests (DISPACH_AGENTS).")
-def serve(host: str | None, port: int | None, home: str | None, agents: str | None) -> None:
-    """Start a node: Postgres, NATS, the event store, actors and the HTTP API."""
-    from pathlib import Path
+@click.option(
+    "--workers",
+    metavar="N|auto",
+    help="Node processes sharing the port, Postgres and NATS: a number, or auto for one per core "
+    "(DISPACH_WORKERS, default 1).",
+)
+def serve(
+    host: str | None, port: int | None, home: str | None, agents: str | None, workers: str | None
+) -> None:
+    """Start a node: Postgres, NATS, the event store, actors and the HTTP API.
 
+    With --workers N (N > 1) this process supervises N nodes that share its port, its Postgres and
+    its NATS (runtime/workers.py); SIGTERM or Ctrl-C drains them all.
+    """
+    import structlog
     import uvloop
 
+    from runtime import workers as workers_module
     from runtime.logs import configure
     from runtime.node import serve as serve_node
 
     with _errors():
-        settings = config_module.from_env(
-            host=host,
-            port=port,
-            home=Path(home).expanduser() if home else None,
-            agents_dir=Path(agents).expanduser() if agents else None,
-        )
+        settings = serve_settings(host, port, home, agents, workers)
         configure(settings.log_format, settings.log_level)
-        status = uvloop.run(serve_node(settings))
+        sock = workers_module.inherited_socket()  # set when this process is one of N workers
+        if sock is None and settings.workers > 1:
+            status = workers_module.supervise(settings)
+        else:
+            if sock is not None:
+                structlog.contextvars.bind_contextvars(node=settings.node_id)
+            status = uvloop.run(serve_node(settings, sock))
     sys.exit(status)
+
+
+def serve_settings(
+    host: str | None, port: int | None, home: str | None, agents: str | None, workers: str | None
+) -> Settings:
+    """The settings of `serve`: the environment, overridden by the options given."""
+    from pathlib import Path
+
+    return config_module.from_env(
+        host=host,
+        port=port,
+        home=Path(home).expanduser() if home else None,
+        agents_dir=Path(agents).expanduser() if agents else None,
+        workers=config_module.workers(workers) if workers is not None else None,
+    )
 
 
 @main.group()
@@ -293,6 +322,50 @@ def turns_stop(url: str, turn_id: str) -> None:
     with _client_errors(), _client(url) as client:
         client.stop(client.turn(turn_id)["agentId"], turn_id)
     click.echo(f"stopping {turn_id}")
+
+
+@main.group()
+def cluster() -> None:
+    """The nodes sharing this deployment's log, and who owns which partitions."""
+
+
+@cluster.command("status")
+@_url_option
+@click.option("--json", "as_json", is_flag=True, help="GET /v1/cluster as it answers.")
+def cluster_status(url: str, as_json: bool) -> None:
+    """Print the nodes, the partitions each holds, and the singletons (one line each)."""
+    with _client_errors(), _client(url) as client:
+        status = client.cluster()
+    if as_json:
+        click.echo(msgspec.json.format(msgspec.json.encode(status)))
+        return
+    for line in describe_cluster(status):
+        click.echo(line)
+
+
+def describe_cluster(status: dict[str, Any]) -> list[str]:
+    """``dispach cluster status`` as lines: a header, a line per node, one per singleton."""
+    nodes = status["nodes"]
+    lines = [
+        f"cluster {status['cluster']}: {len(nodes)} node(s), {status['partitions']} partitions, "
+        f"lease TTL {status['ttlS']:g} s (answered by {status['node']})"
+    ]
+    held = sum(len(n["partitions"]) for n in nodes)
+    if held < status["partitions"]:
+        lines.append(f"  {status['partitions'] - held} partition(s) have no owner (moving)")
+    for node in nodes:
+        flags = " draining" if node.get("draining") else ""
+        age = node.get("ageMs")
+        seen = f", heartbeat {age / 1000:.1f} s ago" if age is not None else ""
+        lines.append(f"  {node['id']}: {len(node['partitions'])} partition(s){flags}{seen}")
+    epochs = [lease["epoch"] for lease in status["leases"] if lease["partition"] is not None]
+    if epochs:
+        lines.append(f"  partition epochs {min(epochs)}..{max(epochs)}")
+    for lease in status["leases"]:
+        if lease["partition"] is None:
+            name, holder, epoch = lease["lease"][2:], lease["node"], lease["epoch"]
+            lines.append(f"  {name}: held by {holder} (epoch {epoch})")
+    return lines
 
 
 def _follow(client: Client, agent: str, turn_id: str, prefix: str = "") -> str | None:

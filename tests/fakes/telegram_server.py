@@ -51,6 +51,9 @@ class Call:
     method: str
     params: dict[str, Any]
     headers: dict[str, str]
+    caller: str | None = None
+    """Who made the call, as ``FakeTelegram.identify`` names the client's address (None when no
+    ``identify`` is set or it could not tell)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,9 @@ class FakeTelegram(LocalServer):
         self._faults: dict[str, deque[_Fail | Drop | Hold]] = {}
         self._calls: list[Call] = []
         self._sent: list[dict[str, Any]] = []
+        self.identify: Callable[[tuple[str, int]], str | None] | None = None
+        """Names the caller from the client's (host, port), on the connection thread while the
+        connection is open (e.g. which of several bot processes polls): kept in ``Call.caller``."""
 
     # the test's side ------------------------------------------------------------------------
 
@@ -207,7 +213,14 @@ class FakeTelegram(LocalServer):
 
     # answering (on connection threads) ------------------------------------------------------
 
-    def _answer(self, path: str, query: str, headers: dict[str, str], raw: bytes) -> _Answer:
+    def _answer(
+        self,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        raw: bytes,
+        peer: tuple[str, int] | None = None,
+    ) -> _Answer:
         """The status and JSON payload to answer, or None to drop the connection."""
         token, _, method = path.removeprefix("/bot").partition("/")
         if not path.startswith("/bot") or not method:
@@ -220,7 +233,9 @@ class FakeTelegram(LocalServer):
         name, run = entry
         fault: _Fail | Drop | Hold | None = None
         try:
-            call = Call(name, _params(query, headers.get("content-type", ""), raw), headers)
+            identify = self.identify
+            caller = identify(peer) if identify is not None and peer is not None else None
+            call = Call(name, _params(query, headers.get("content-type", ""), raw), headers, caller)
             with self._changed:
                 self._calls.append(call)
                 script = self._faults.get(name.lower())
@@ -421,7 +436,8 @@ class _Handler(Handler[FakeTelegram]):
         raw = self._read_body()
         path, _, query = self.path.partition("?")
         try:
-            answer = fake._answer(path, query, self._lowered_headers(), raw)
+            peer = (str(self.client_address[0]), int(self.client_address[1]))
+            answer = fake._answer(path, query, self._lowered_headers(), raw, peer)
         except Exception as error:  # a bug in the fake: say so, as a 500
             fake._record_error(error)
             answer = 500, {"ok": False, "error_code": 500, "description": repr(error)}
