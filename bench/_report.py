@@ -447,6 +447,7 @@ def node_settings(
     (root / "agents" / f"{agent}.yaml").write_text(manifest)
     settings = from_env({
         "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
         "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
         "DISPACH_DRAIN_SECONDS": "10", **env,
     })  # fmt: skip

@@ -286,6 +286,7 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
     env = {
         **os.environ,
         "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
         "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
         "DISPACH_HOST": "127.0.0.1", "DISPACH_PORT": str(port), "DISPACH_API_TOKEN": "",
     }  # fmt: skip

@@ -631,6 +631,7 @@ async def bench(found: Servers, plan: Plan) -> None:
             "DATABASE_URL": url,
             "NATS_URL": nats_url,
             "DISPACH_DB_SCHEMA": schema,
+            "DISPACH_CLUSTER": schema,
             "DISPACH_HOME": str(root / "home"),
             "DISPACH_AGENTS": str(root / "agents"),
             "DISPACH_HOST": "127.0.0.1",

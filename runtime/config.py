@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import math
 import os
@@ -50,6 +51,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Open connections (WebSockets included) from one client address; 0: no cap
     (DISPACH_MAX_CONNECTIONS_PER_CLIENT)."""
     node_id: str = ""
+    """This process in the cluster (DISPACH_NODE_ID). Default: the host name and a digest of
+    the data directory, which the node then locks (two processes never share an id)."""
+    node_id_from_home: bool = False
     cluster: str = "dispach"
     """The deployment's name: it prefixes every NATS subject, queue group and key-value bucket,
     so two deployments can share one NATS cluster (DISPACH_CLUSTER)."""
@@ -123,7 +127,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "head_timeout_seconds": float(_int(env, "DISPACH_HEAD_TIMEOUT_SECONDS", 10)),
         "body_timeout_seconds": float(_int(env, "DISPACH_BODY_TIMEOUT_SECONDS", 30)),
         "max_connections_per_client": _int(env, "DISPACH_MAX_CONNECTIONS_PER_CLIENT", 256),
-        "node_id": env.get("DISPACH_NODE_ID") or f"{socket.gethostname()}-{os.getpid()}",
+        "node_id": env.get("DISPACH_NODE_ID") or "",
         "cluster": env.get("DISPACH_CLUSTER") or "dispach",
         "partitions": _int(env, "DISPACH_PARTITIONS", 64),
         "lease_ttl_seconds": _float(env, "DISPACH_LEASE_TTL_SECONDS", 10.0),
@@ -143,6 +147,11 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         else None,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if not values["node_id"]:
+        # The same node after a restart (its data directory, which it then locks): it takes
+        # its own leases back at once instead of waiting for them to expire.
+        values["node_id"] = home_node_id(values["home"])  # type: ignore[arg-type]
+        values["node_id_from_home"] = True
     settings = Settings(**values)  # type: ignore[arg-type]
     validate(settings)
     return settings
@@ -237,30 +246,27 @@ def _validate_cluster(settings: Settings) -> None:
             "use 1-32 lower-case letters, digits, '-' or '_', starting with a letter",
             "DISPACH_CLUSTER",
         )
-    if not 1 <= settings.partitions <= 4096:
-        raise ConfigError(
-            f"DISPACH_PARTITIONS={settings.partitions} is out of range",
-            "use 1-4096 (default 64), and keep it for the life of the deployment",
-            "DISPACH_PARTITIONS",
-        )
-    if not 1 <= settings.lease_ttl_seconds <= 300:
-        raise ConfigError(
-            f"DISPACH_LEASE_TTL_SECONDS={settings.lease_ttl_seconds:g} is out of range",
-            "use 1-300 seconds (default 10): failover takes about this long",
-            "DISPACH_LEASE_TTL_SECONDS",
-        )
-    if not 1 <= settings.replicas <= 5:
-        raise ConfigError(
-            f"DISPACH_KV_REPLICAS={settings.replicas} is out of range",
-            "use 1 for one NATS server, 3 for a 3-server cluster",
-            "DISPACH_KV_REPLICAS",
-        )
-    if not 1 <= settings.workers <= 64:
-        raise ConfigError(
-            f"{settings.workers} workers is out of range",
-            "use 1-64 worker processes, or 'auto' for one per core",
-            "DISPACH_WORKERS",
-        )
+    for field, name, low, high, hint in _CLUSTER_RANGES:
+        value = getattr(settings, field)
+        if not low <= value <= high:  # workers may come from --workers: say it plainly
+            said = f"{value} workers" if field == "workers" else f"{name}={value:g}"
+            raise ConfigError(f"{said} is out of range", hint, name)
+
+
+_CLUSTER_RANGES = (
+    ("partitions", "DISPACH_PARTITIONS", 1, 4096,
+     "use 1-4096 (default 64), and keep it for the life of the deployment"),
+    ("lease_ttl_seconds", "DISPACH_LEASE_TTL_SECONDS", 1, 300,
+     "use 1-300 seconds (default 10): failover takes about this long"),
+    ("replicas", "DISPACH_KV_REPLICAS", 1, 5,
+     "use 1 for one NATS server, 3 for a 3-server cluster"),
+    ("workers", "DISPACH_WORKERS", 1, 64, "use 1-64 worker processes, or 'auto' for one per core"),
+)  # fmt: skip
+
+
+def home_node_id(home: Path) -> str:
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:8]
+    return f"{socket.gethostname()}-{digest}"
 
 
 def nats_servers(url: str) -> list[str]:

@@ -322,9 +322,7 @@ class Node:
                 await channel.stop()
         for actor in (self.scheduler, self._outbox):  # both answer DRAIN with a future
             if actor is not None:
-                with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
-                    settled = await Portal.ask(actor, DRAIN, timeout)
-                    await asyncio.wait_for(asyncio.wrap_future(settled), timeout)
+                await _settle(actor, DRAIN, timeout)
 
 
 class _Server(uvicorn.Server):
@@ -341,8 +339,9 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
     already listening, shared with the other workers of ``serve --workers`` (runtime/workers.py),
     served instead of binding ``settings.host:port``."""
     node = Node(settings)
-    if node.services.needed:
-        # Refuse a data directory another node holds before binding anything.
+    if node.services.needed or settings.node_id_from_home:
+        # Refuse a data directory another node holds before binding anything (its node id is
+        # derived from it unless DISPACH_NODE_ID is set).
         node.services.datadir.lock()
     config = uvicorn.Config(
         create_app(

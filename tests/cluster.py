@@ -31,7 +31,15 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -481,8 +489,12 @@ class ClusterLog:
 class ServeNode:
     """One ``dispach serve`` process of a deployment."""
 
-    def __init__(self, node_id: str, env: Mapping[str, str], log: Path, http: httpx.AsyncClient):
+    def __init__(
+        self, node_id: str, env: Mapping[str, str], log: Path, http: httpx.AsyncClient,
+        args: Sequence[str] = ("serve",),
+    ) -> None:  # fmt: skip
         self.node_id = node_id
+        self.args = list(args)
         self.env = dict(env)
         self.log = log
         self.port = int(self.env["DISPACH_PORT"])
@@ -492,7 +504,7 @@ class ServeNode:
 
     def start(self) -> ServeNode:
         assert not self.alive, f"{self.node_id} is running"
-        self.proc = _spawn([DISPACH, "serve"], self.log, self.env)
+        self.proc = _spawn([DISPACH, *self.args], self.log, self.env)
         return self
 
     @property
@@ -649,10 +661,10 @@ class Deployment:
             | extra
         )
 
-    def spawn(self, node_id: str, **extra: str) -> ServeNode:
-        """Start a node (returns at once)."""
+    def spawn(self, node_id: str, args: Sequence[str] = ("serve",), **extra: str) -> ServeNode:
+        """Start a node (returns at once); ``args``: of ``dispach`` (e.g. ``--workers 2``)."""
         log = self.root / f"serve-{node_id}.log"
-        node = ServeNode(node_id, self.env(node_id, **extra), log, self.http).start()
+        node = ServeNode(node_id, self.env(node_id, **extra), log, self.http, args).start()
         self.nodes[node_id] = node
         return node
 

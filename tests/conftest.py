@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 from psycopg import sql
 
-from eventstore import INLINE, EventStore, NatsHints, RecordedEvent
+from eventstore import INLINE, EventStore, NatsHints, RecordedEvent, subjects
 from runtime.config import from_env
 from runtime.embedded import EmbeddedServices
 from runtime.node import Node
@@ -49,6 +49,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     that the check below would report as a blocking call of whatever callback it landed in."""
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def default_deployment_name() -> Iterator[None]:
+    """A node names the process's deployment at start (subjects.use): the next test starts
+    from the default again."""
+    yield
+    subjects.use(subjects.DEFAULT_CLUSTER)
 
 
 @pytest_asyncio.fixture(autouse=True)
@@ -191,6 +199,9 @@ class NodeFactory:
                 "DATABASE_URL": self.servers.database_url,
                 "NATS_URL": self.servers.nats_url,
                 "DISPACH_DB_SCHEMA": self.schema,
+                # One deployment per test (its lease bucket and subjects), one id per node.
+                "DISPACH_CLUSTER": self.schema,
+                "DISPACH_NODE_ID": f"node-{len(self.started) + 1}",
                 "DISPACH_HOME": str(self.root / "home"),
                 "DISPACH_AGENTS": str(self.root / "agents"),
                 "DISPACH_DRAIN_SECONDS": "5",

@@ -140,6 +140,7 @@ class ServeNode:
                 "DATABASE_URL": servers.database_url,
                 "NATS_URL": servers.nats_url,
                 "DISPACH_DB_SCHEMA": schema,
+                "DISPACH_CLUSTER": schema,
                 "DISPACH_HOME": str(root / f"home-{self.port}"),
                 "DISPACH_AGENTS": str(root / "agents"),
                 "DISPACH_PORT": str(self.port),

@@ -26,6 +26,7 @@ def env(servers: Servers, schema: str, tmp_path: Path) -> dict[str, str]:
         "DATABASE_URL": servers.database_url,
         "NATS_URL": servers.nats_url,
         "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
         "DISPACH_HOME": str(tmp_path / "home"),
     }
 

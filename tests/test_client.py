@@ -489,3 +489,32 @@ async def test_cli_resends_a_lost_answer_under_one_key_and_honours_an_explicit_k
     assert first[0] == 0 and again[0] == 0, first[2] + again[2]
     assert first[1].strip() == again[1].strip() == keyed_turn_id("assistant", "mine-1")
     assert len(await asyncio.to_thread(session_turns, api, "mine")) == 1
+
+
+@pytest.mark.asyncio
+async def test_cli_cluster_status_prints_the_nodes_partitions_and_singletons(
+    api: ApiServer,
+) -> None:
+    async def settled() -> dict[str, Any]:
+        for _ in range(200):  # a node reads its own acquisitions at the next renewal round
+            code, out, err = await dispach(api, "cluster", "status", "--json")
+            assert code == 0, err
+            status: dict[str, Any] = json.loads(out)
+            if status["leases"] and all(n["partitions"] for n in status["nodes"]):
+                return status
+            await asyncio.sleep(0.05)
+        raise AssertionError(out)
+
+    status = await settled()
+    node = api.node.node_id
+    assert status["node"] == node and status["owned"] == list(range(status["partitions"]))
+    partitions = [lease for lease in status["leases"] if lease["partition"] is not None]
+    assert {lease["node"] for lease in partitions} == {node}
+    assert len({lease["epoch"] for lease in partitions}) == status["partitions"]
+    assert any(lease["lease"] == "s.scheduler" for lease in status["leases"])
+    code, out, err = await dispach(api, "cluster", "status")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith(f"cluster dispach: 1 node(s), {status['partitions']} partitions")
+    assert f"  {node}: {status['partitions']} partition(s)" in out
+    assert f"  scheduler: held by {node}" in out

@@ -11,9 +11,12 @@ mutating ``record`` tool (which writes one line per run to a file) working ``wai
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -241,6 +244,56 @@ async def test_kill_9_of_one_of_three_nodes_loses_no_turn_and_runs_no_call_twice
     assert delays[0] <= LEASE_TTL + 2, f"failover took {delays[0]:.2f} s"
 
 
+# --- b'. two workers behind one port ---------------------------------------------------------
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(240)
+async def test_two_workers_behind_one_port_both_serve_and_a_killed_one_loses_nothing(
+    deployment: Deployment,
+) -> None:
+    parent = deployment.spawn("w", args=("serve", "--workers", "2"))
+    await parent.wait_ready(90)
+    workers = ["w-w1", "w-w2"]
+    await deployment.wait_owned(workers, via="w")
+    turn_ids = all_accepted(
+        await send_all(deployment, ["w"], [f"workers-{i}" for i in range(40)]), deployment
+    )
+    pids = children_of(parent.pid)
+    assert len(pids) == 2, pids
+
+    async def both_running() -> bool:
+        return {p for _, _, p in deployment.tool_lines()} == pids
+
+    await deployment.wait(both_running, 60, "both workers to be running tool calls")
+    victim = min(pids)
+    os.kill(victim, signal.SIGKILL)
+
+    await deployment.wait_all_ended(turn_ids, 120)
+    await assert_each_ended_once(deployment, turn_ids)
+    await assert_no_call_ran_twice(deployment)
+    ran_on = {rows[-1].data["node"] for rows in (await attempts(deployment, turn_ids)).values()}
+    assert ran_on <= set(workers), ran_on
+
+    async def restarted() -> bool:
+        return len(children_of(parent.pid)) == 2 and victim not in children_of(parent.pid)
+
+    await deployment.wait(restarted, 30, "the parent to restart the killed worker")
+    assert parent.alive
+
+
 # --- c. a node paused past its lease -----------------------------------------------------------
 
 
@@ -344,6 +397,7 @@ async def test_stop_grant_and_clear_through_a_node_that_does_not_own_the_session
 ) -> None:
     await deployment.start("n1", "n2")
     await deployment.wait_owned(["n1", "n2"], via="n1")
+    await deployment.wait_owned(["n1", "n2"], via="n2")  # what n2 routes by
     stopped_key = await deployment.session_owned_by("worker", "n1", via="n2", prefix="stop")
     gated_key = await deployment.session_owned_by("worker", "n1", via="n2", prefix="gate")
     other = deployment.nodes["n2"]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.config import from_env, is_loopback
+from runtime.config import from_env, is_loopback, nats_servers
 from runtime.errors import ConfigError
 from runtime.logs import redact_url
 
@@ -44,13 +44,35 @@ def test_tokens_are_long_and_may_be_several() -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("DISPACH_PORT", "seventy"), ("DISPACH_PORT", "70000"), ("DISPACH_LOG_FORMAT", "xml")],
+    [
+        ("DISPACH_PORT", "seventy"),
+        ("DISPACH_PORT", "70000"),
+        ("DISPACH_LOG_FORMAT", "xml"),
+        ("DISPACH_CLUSTER", "Prod.East"),  # a subject token and a bucket name: no dots, lower
+        ("DISPACH_CLUSTER", "x" * 33),
+        ("DISPACH_PARTITIONS", "0"),
+        ("DISPACH_LEASE_TTL_SECONDS", "0.5"),
+        ("DISPACH_LEASE_TTL_SECONDS", "nan"),
+        ("DISPACH_LEASE_TTL_SECONDS", "soon"),
+        ("DISPACH_KV_REPLICAS", "7"),
+        ("DISPACH_WORKERS", "many"),
+    ],
 )
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     with pytest.raises(ConfigError) as caught:
         from_env({name: value})
     assert caught.value.field == name
     assert caught.value.code == "invalid_config"
+
+
+def test_the_cluster_settings_and_a_list_of_nats_servers() -> None:
+    settings = from_env({"DISPACH_CLUSTER": "prod-east", "DISPACH_LEASE_TTL_SECONDS": "2.5",
+                         "DISPACH_PARTITIONS": "16", "DISPACH_WORKERS": "auto"})  # fmt: skip
+    assert (settings.cluster, settings.lease_ttl_seconds, settings.partitions) == (
+        "prod-east", 2.5, 16,
+    )  # fmt: skip
+    assert settings.workers >= 1
+    assert nats_servers(" nats://a:4222,nats://b:4222 ,") == ["nats://a:4222", "nats://b:4222"]
 
 
 def test_loopback_detection() -> None:

@@ -79,6 +79,7 @@ class Cluster:
             "DATABASE_URL": servers.database_url,
             "NATS_URL": servers.nats_url,
             "DISPACH_DB_SCHEMA": schema,
+            "DISPACH_CLUSTER": schema,
             "DISPACH_HOME": str(tmp_path / "home"),
             "DISPACH_AGENTS": str(self.agents),
             "DISPACH_PORT": str(self.port),

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from eventstore import streams
+from eventstore import streams, subjects
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes.webhook_receiver import WebhookReceiver
 
@@ -253,7 +253,7 @@ async def test_outboxes_on_other_nodes_are_woken_over_nats(
     async def heard(msg: Any) -> None:
         kicks.append(msg.subject)
 
-    await other_node.subscribe("dispach.outbox.*", cb=heard)
+    await other_node.subscribe(subjects.outbox_all(), cb=heard)
     try:
         # This node's own promise goes out to the others.
         await send(api, "hello")
@@ -262,7 +262,7 @@ async def test_outboxes_on_other_nodes_are_woken_over_nats(
             if kicks:
                 break
             await asyncio.sleep(0.02)
-        assert kicks == ["dispach.outbox.hooks"]
+        assert kicks == [subjects.outbox("hooks")]
         # Another node's promise (appended by a store of its own) reaches this node's outbox.
         store = EventStore(servers.database_url, schema=schema, inline=INLINE)
         await asyncio.to_thread(store.open)
@@ -277,7 +277,7 @@ async def test_outboxes_on_other_nodes_are_woken_over_nats(
             )
         finally:
             await asyncio.to_thread(store.close)
-        await other_node.publish("dispach.outbox.hooks", b"")
+        await other_node.publish(subjects.outbox("hooks"), b"")
         kept = await asyncio.to_thread(receiver.wait_for, 2, 5.0)
         assert any(body["text"] == "from another node" for body in kept.values())
     finally:

@@ -17,7 +17,7 @@ import nats
 import pytest
 
 from actors.messages import Accepted
-from eventstore import EventStore, streams
+from eventstore import EventStore, streams, subjects
 from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
 from gateways.ingress import IngressMessage, request
 from tests import fakes
@@ -82,6 +82,7 @@ async def test_kill_9_during_a_tool_call_then_restart(
         "DATABASE_URL": servers.database_url,
         "NATS_URL": servers.nats_url,
         "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
         "DISPACH_HOME": str(tmp_path / "home"),
         "DISPACH_AGENTS": str(agents),
         "DISPACH_PORT": str(free_port()),
@@ -90,6 +91,7 @@ async def test_kill_9_during_a_tool_call_then_restart(
         "PYTHONPATH": str(ROOT),
     }
     log = tmp_path / "serve.log"
+    subjects.use(schema)  # this test's deployment, as its node names it (DISPACH_CLUSTER)
     first = serve(env, log)
     nc = await nats.connect(servers.nats_url)
     store = EventStore(servers.database_url, schema=schema)

@@ -12,7 +12,7 @@ from typing import Literal
 import msgspec
 import pytest
 
-from eventstore import START, RecordedEvent
+from eventstore import START, RecordedEvent, subjects
 from eventstore.catalogue import (
     ContextPressure,
     ModelResult,
@@ -362,13 +362,13 @@ async def test_ingress_refuses_bad_messages_with_code_message_and_hint(
         b'{"text": "   "}': "message_text_required",
     }
     for body, code in cases.items():
-        answer = await node.nc.request("dispach.ingress.assistant", body, timeout=5)
+        answer = await node.nc.request(subjects.ingress("assistant"), body, timeout=5)
         error = msgspec.json.decode(answer.data)["error"]
         assert error["code"] == code, body
         assert error["message"] and error["hint"]
-    answer = await node.nc.request("dispach.ingress.nobody", b'{"text": "hi"}', timeout=5)
+    answer = await node.nc.request(subjects.ingress("nobody"), b'{"text": "hi"}', timeout=5)
     assert msgspec.json.decode(answer.data)["error"]["code"] == "agent_not_found"
-    ok = await node.nc.request("dispach.ingress.assistant", b'{"text": "hi"}', timeout=5)
+    ok = await node.nc.request(subjects.ingress("assistant"), b'{"text": "hi"}', timeout=5)
     reply = msgspec.json.decode(ok.data)
     assert set(reply) == {"turnId", "sessionKey"}
     assert reply["sessionKey"] == "api:default"

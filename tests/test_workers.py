@@ -127,6 +127,7 @@ def external(servers: Servers, schema: str, tmp_path: Path) -> dict[str, str]:
         "DATABASE_URL": servers.database_url,
         "NATS_URL": servers.nats_url,
         "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
         "DISPACH_NODE_ID": "box",
     }
 
@@ -277,6 +278,7 @@ def test_a_worker_that_never_starts_makes_the_parent_give_up_and_exit_1(
         "DATABASE_URL": servers.database_url,
         "NATS_URL": servers.nats_url,
         "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
         "DISPACH_AGENTS": str(agents),
     }
     parent = Supervisor(env, 2, tmp_path / "serve.log")

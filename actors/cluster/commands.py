@@ -11,6 +11,7 @@ timeout, never sent again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -58,6 +59,7 @@ _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "clear": msgspec.json.Decoder(ClearSession),
     "resolve": msgspec.json.Decoder(ResolveApproval),
 }
+_FORWARDED_TIMEOUT = 300.0
 _ENCODE = msgspec.json.Encoder()
 _REPLY = msgspec.json.Decoder(Reply)
 
@@ -87,6 +89,7 @@ class Commands:
         self.retry_after = max(1.0, ownership.interval)
         self._sub: nats.aio.subscription.Subscription | None = None
         self._inflight = InFlight()
+        self._pending: set[asyncio.Future[Reply]] = set()
 
     # --- the doors call these ---------------------------------------------------------------------
 
@@ -135,12 +138,12 @@ class Commands:
             where = await self._own.route(partition, deadline)
             if where is None:
                 return Reply(error=moving(self.retry_after))
+            left = max(0.5, start + timeout - time.monotonic())
             if where == LOCAL:
-                reply = await self._local(partition, kind, command)
+                reply = await self._local(partition, kind, command, left)
             else:
                 assert not isinstance(where, str)
                 FORWARDED.labels(kind).inc()
-                left = max(0.5, start + timeout - time.monotonic())
                 reply = await self._forward(where.node, kind, partition, command, left)
             if reply.error is None or reply.error.code != MOVING:
                 return reply
@@ -148,7 +151,20 @@ class Commands:
             if not waited and time.monotonic() >= deadline:
                 return reply
 
-    async def _local(self, partition: int, kind: str, command: Any) -> Reply:
+    async def _local(self, partition: int, kind: str, command: Any, timeout: float) -> Reply:
+        """Handle it here, answering within ``timeout``. What takes longer goes on (it is
+        never cancelled half-way: an acceptance whose append is queued still commits, and its
+        turn runs); the caller is told it timed out, and a retry with the same key finds it."""
+        work = asyncio.ensure_future(self._here(partition, kind, command))
+        self._pending.add(work)
+        work.add_done_callback(self._pending.discard)
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(work)
+        except TimeoutError:
+            return Reply(error=_timeout(kind, timeout))
+
+    async def _here(self, partition: int, kind: str, command: Any) -> Reply:
         async with self._own.serving(partition):
             if not self._own.owns(partition):
                 return Reply(error=moving(self.retry_after))
@@ -205,8 +221,9 @@ class Commands:
         except msgspec.DecodeError as e:
             return Reply(error=Refused(code="invalid_command", message=str(e),
                                        hint="see actors/messages.py"))  # fmt: skip
-        # Served only while owned here: a sender with an old view is told to route again.
-        return await self._local(int(partition), kind, command)
+        # Served only while owned here: a sender with an old view is told to route again. The
+        # sender's request bounds how long it waits; this bounds nothing it has not.
+        return await self._local(int(partition), kind, command, _FORWARDED_TIMEOUT)
 
 
 async def _handle(engine: Engine, kind: str, command: Any) -> Reply:

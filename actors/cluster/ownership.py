@@ -166,7 +166,7 @@ class Ownership:
         self._wake.set()
         if self._task is not None:
             try:
-                async with asyncio.timeout(self.interval + 5):
+                async with asyncio.timeout(max(1.0, min(self.interval + 5, timeout))):
                     await asyncio.shield(self._task)  # the tick in hand (its renewals) ends
             except TimeoutError:
                 self._task.cancel()
@@ -174,13 +174,15 @@ class Ownership:
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
-        for name in list(self._held):  # not handed over in time: given up as they are
-            await self._give_up(name)
-        with contextlib.suppress(LeaseUnavailable):
-            member = self._entries.get(_member(self.node_id))
-            if member is not None:
-                await self.bucket.release(member.name, member.revision)
-        await self._announce()
+        # Not handed over in time: given up as they are. Without NATS the deletes cannot be
+        # made: the leases then expire by themselves (the fence keeps this node out anyway).
+        member = self._entries.get(_member(self.node_id))
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(1.0, self.interval)):
+                await asyncio.gather(*(self._give_up(name) for name in list(self._held)))
+                if member is not None:
+                    await self.bucket.release(member.name, member.revision)
+                await self._announce()
         if self._sub is not None:
             with contextlib.suppress(nats.errors.Error):
                 await self._sub.unsubscribe()  # type: ignore[attr-defined]
