@@ -515,6 +515,8 @@ async def test_cli_cluster_status_prints_the_nodes_partitions_and_singletons(
     code, out, err = await dispach(api, "cluster", "status")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0].startswith(f"cluster dispach: 1 node(s), {status['partitions']} partitions")
+    assert lines[0].startswith(
+        f"cluster {status['cluster']}: 1 node(s), {status['partitions']} partitions"
+    )
     assert f"  {node}: {status['partitions']} partition(s)" in out
     assert f"  scheduler: held by {node}" in out

@@ -6,12 +6,16 @@ every node computes the same answers from the same inputs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable
 
 
+@functools.lru_cache(maxsize=8192)
 def partition_of(agent_id: str, session_key: str, count: int) -> int:
-    """The partition of a session: fixed for the life of a deployment (``count`` is too)."""
+    """The partition of a session: fixed for the life of a deployment (``count`` is too).
+    Asked for every command and every append of a session's streams: the live sessions' are
+    remembered."""
     digest = hashlib.sha256(f"{agent_id}\x00{session_key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % count
 
