@@ -16,7 +16,6 @@ import signal
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -26,6 +25,7 @@ from tests.cluster import (
     Deployment,
     Row,
     Sent,
+    children_of,
     deployment,
     nats_cluster,
     socket_holder,
@@ -245,18 +245,6 @@ async def test_kill_9_of_one_of_three_nodes_loses_no_turn_and_runs_no_call_twice
 
 
 # --- b'. two workers behind one port ---------------------------------------------------------
-
-
-def children_of(pid: int) -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(stat.parent.name))
-    return found
 
 
 @pytest.mark.asyncio

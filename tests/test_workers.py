@@ -22,6 +22,7 @@ from runtime import workers
 from runtime.cli import main, serve_settings
 from runtime.config import from_env
 from runtime.errors import ConfigError
+from tests.cluster import children_of
 from tests.conftest import ROOT, Servers
 from tests.test_node import alive, free_port
 
@@ -79,18 +80,6 @@ class Supervisor:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
-
-
-def children_of(pid: int) -> set[int]:
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(") ", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(stat.parent.name))
-    return found
 
 
 @pytest.fixture
