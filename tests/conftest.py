@@ -188,12 +188,17 @@ class NodeFactory:
         self.schema = schema
         self.root = root
         self.started: list[Node] = []
+        self.starting = 0
 
     def write_agent(self, agent_id: str, manifest: str) -> None:
         (self.root / "agents").mkdir(parents=True, exist_ok=True)
         (self.root / "agents" / f"{agent_id}.yaml").write_text(manifest)
 
     async def start(self, **overrides: Any) -> Node:
+        # Nodes started together get ids of their own; a node started after one stopped takes
+        # its id (as a restarted node does, adopting its leases).
+        index = len(self.started) + self.starting + 1
+        self.starting += 1
         settings = from_env(
             {
                 "DATABASE_URL": self.servers.database_url,
@@ -201,7 +206,7 @@ class NodeFactory:
                 "DISPACH_DB_SCHEMA": self.schema,
                 # One deployment per test (its lease bucket and subjects), one id per node.
                 "DISPACH_CLUSTER": self.schema,
-                "DISPACH_NODE_ID": f"node-{len(self.started) + 1}",
+                "DISPACH_NODE_ID": f"node-{index}",
                 "DISPACH_HOME": str(self.root / "home"),
                 "DISPACH_AGENTS": str(self.root / "agents"),
                 "DISPACH_DRAIN_SECONDS": "5",
@@ -209,7 +214,10 @@ class NodeFactory:
             **overrides,
         )
         node = Node(settings)
-        await node.start()
+        try:
+            await node.start()
+        finally:
+            self.starting -= 1
         self.started.append(node)
         return node
 
