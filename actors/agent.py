@@ -9,7 +9,7 @@ from typing import Literal
 from actors.context.assemble import Pinned
 from actors.context.compact import Digester
 from actors.context.policy import ContextPolicy
-from actors.model import Model
+from actors.model import Model, Reasoning
 from actors.outbox import Channel
 from actors.schedule.plan import ScheduleSpec
 from actors.tools import ToolRegistry
@@ -37,3 +37,8 @@ class Agent:
     context: ContextPolicy = field(default_factory=ContextPolicy)
     digester: Digester = field(default_factory=Digester)
     """Writes the digests of compacted turns (with the compactor model, if one is set)."""
+    reasoning: Reasoning | None = None
+    """How much the model may think (the manifest's ``model.thinking``); None: not asked."""
+    truncation: Literal["end", "retry"] = "end"
+    """What a reply cut off by the per-call output limit does: end the turn ``truncated``, or
+    go once more with twice the budget."""

@@ -7,19 +7,35 @@ scripted model). The turn engine only sees these types.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
 from eventstore.errors import DispachError
 
 
+class Reasoning(msgspec.Struct, frozen=True, kw_only=True):
+    """How much the model may think before it answers (the manifest's ``model.thinking``).
+    Each adapter maps what its provider takes: Anthropic a token budget or adaptive thinking,
+    OpenAI-compatible endpoints ``reasoning_effort``."""
+
+    budget_tokens: int | None = None
+    adaptive: bool = False
+    effort: str | None = None
+
+
 class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     system: list[dict[str, Any]]
+    """Text blocks, Anthropic's shape (``cache_control`` markers included)."""
     messages: list[dict[str, Any]]
+    """The conversation in Anthropic's shape: the history's canonical form, whatever the
+    provider (an adapter for another API converts it)."""
     tools: list[dict[str, Any]]
+    """Our tools (``name``, ``description``, ``input_schema``) and the provider's server tools
+    (those with a ``type``), in Anthropic's shape."""
     max_tokens: int
+    reasoning: Reasoning | None = None
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,6 +43,8 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    server_tool_requests: dict[str, int] = msgspec.field(default_factory=dict)
+    """Server tool uses the provider bills, by kind (``web_search_requests``: 2)."""
 
     @property
     def prompt_tokens(self) -> int:
@@ -35,8 +53,11 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TextDelta(msgspec.Struct, frozen=True):
+    """Reply text as it streams: ``kind`` ``text`` is the answer, ``reasoning`` the model's
+    thinking (never part of the answer)."""
+
     text: str
-    kind: str = "text"
+    kind: Literal["text", "reasoning"] = "text"
 
 
 class Retrying(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,8 +71,16 @@ class Retrying(msgspec.Struct, frozen=True, kw_only=True):
 
 class Completed(msgspec.Struct, frozen=True, kw_only=True):
     content: list[dict[str, Any]]
-    """The assistant message: ``text`` and ``tool_use`` blocks as the model sent them."""
+    """The assistant message as the model sent it, block by block in Anthropic's shape: ``text``
+    (with ``citations``), ``thinking`` (with its ``signature``), ``redacted_thinking``,
+    ``tool_use``, ``server_tool_use`` and the server tools' ``*_tool_result`` blocks,
+    ``compaction``, and any type not known yet, kept whole so it can be sent back. A
+    ``tool_use`` whose input did not parse has ``input: {}`` and ``invalid_json`` (our note,
+    never sent to the API)."""
     stop_reason: str
+    """In Anthropic's words (``end_turn``, ``tool_use``, ``max_tokens``, ``refusal``,
+    ``pause_turn``, ``stop_sequence``, ``model_context_window_exceeded``); adapters for other
+    APIs map theirs."""
     usage: Usage
     first_token_ms: int | None = None
 

@@ -13,7 +13,12 @@ import msgspec
 
 from eventstore.event import Event, register
 
-EndReason = Literal["final", "stopped", "max_steps", "timeout", "output_limit", "error"]
+EndReason = Literal[
+    "final", "stopped", "max_steps", "timeout", "output_limit", "truncated", "refused", "error"
+]
+"""How a turn ended. ``truncated``: a reply cut off by the per-call output limit (its text kept,
+a cut-off tool call never run); ``output_limit``: the turn's own output budget is spent;
+``refused``: the model declined (its partial text kept)."""
 
 
 class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -168,8 +173,13 @@ class ModelRetry(Event, frozen=True):
 
 class ModelResult(Event, frozen=True):
     """One model call finished (or was cut short: ``finish_reason`` says how). ``content`` is the
-    assistant message as the model sent it (text and tool_use blocks, with tool inputs), kept in
-    the log for the transcript and never sent on public streams."""
+    assistant message as the model sent it, every block kept whole (text with citations,
+    thinking with its signature, tool uses, server tool uses and results, compaction): it is
+    kept in the log for the transcript, sent back to the model as it came, and never sent on
+    public streams. ``text`` is the answer's prose only, never the model's reasoning.
+
+    ``discarded``: a reply cut off by ``max_tokens`` that the turn sent again with a larger
+    budget (``model.truncation: retry``); it is not part of the conversation."""
 
     TYPE: ClassVar[str] = "model.result"
     PRIVATE: ClassVar[frozenset[str]] = frozenset({"content"})
@@ -184,6 +194,9 @@ class ModelResult(Event, frozen=True):
     text: str = ""
     error: ErrorDetail | None = None
     content: list[dict[str, object]] | None = None
+    discarded: bool = False
+    server_tool_requests: dict[str, int] | None = None
+    """Server tool uses the provider counted for this call (``webSearchRequests``: 2)."""
 
 
 class ToolCall(Event, frozen=True):
@@ -196,6 +209,9 @@ class ToolCall(Event, frozen=True):
     args_hash: str
     mutating: bool
     args: dict[str, object] | None = None
+    server: bool = False
+    """A server tool (web search, web fetch, code execution): the provider ran it within the
+    model call; the event records it (its input and result are in ``model.result.content``)."""
 
 
 class ToolResult(Event, frozen=True):
@@ -213,6 +229,9 @@ class ToolResult(Event, frozen=True):
     refused: bool = False
     """The call was not run because a policy or a person said no: reported to the model as a
     refusal, not as an error of the tool."""
+    server: bool = False
+    """The result of a server tool, run by the provider (see ``tool.call.server``): not sent
+    back as a ``tool_result`` (it is a block of the model's own reply)."""
 
 
 class ToolGated(Event, frozen=True):

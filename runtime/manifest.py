@@ -23,7 +23,7 @@ from actors.agent import Agent
 from actors.context.assemble import Block, Pinned
 from actors.context.compact import Digester
 from actors.context.policy import STAGES, ContextPolicy
-from actors.model import Model
+from actors.model import Model, Reasoning
 from actors.outbox import Channel
 from actors.schedule.plan import ScheduleSpec, problems
 from actors.tools import BUILTINS, ToolRegistry, ToolSpec, load_custom
@@ -45,12 +45,52 @@ class ManifestError(DispachError):
     code = "invalid_manifest"
 
 
+class ThinkingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How much the model may think before it answers. Anthropic: ``budget_tokens`` (at least
+    1024, below ``max_output_tokens``) or ``adaptive: true``; OpenAI-compatible endpoints:
+    ``effort`` (sent as ``reasoning_effort``)."""
+
+    budget_tokens: Annotated[int, msgspec.Meta(ge=1024)] | None = None
+    adaptive: bool = False
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+
+
+SERVER_TOOL_TYPES = {
+    "web_search": "web_search_20250305",
+    "web_fetch": "web_fetch_20250910",
+    "code_execution": "code_execution_20250825",
+}
+"""The API's tool type for each server tool's name (``type`` in the manifest overrides it)."""
+
+
+class ServerToolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True,
+                       omit_defaults=True):  # fmt: skip
+    """A tool the provider runs inside the model call (Anthropic only). The fields after
+    ``policy`` are the API's own and go into the tool's definition as given."""
+
+    name: str
+    type: str | None = None
+    policy: Literal["allow", "deny"] = "allow"
+    """``deny`` leaves it out of every request (the API cannot ask a person mid-call, so
+    ``ask`` does not exist for server tools)."""
+    max_uses: Positive | None = None
+    allowed_domains: list[str] | None = None
+    blocked_domains: list[str] | None = None
+    user_location: dict[str, Any] | None = None
+    max_content_tokens: Positive | None = None
+    citations: dict[str, Any] | None = None
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    provider: Literal["auto", "anthropic", "scripted"] = "auto"
-    """``auto``: Anthropic when the API key variable is set, else the offline scripted model."""
+    provider: Literal["auto", "anthropic", "openai", "scripted"] = "auto"
+    """``auto``: Anthropic when the API key variable is set, else the offline scripted model.
+    ``openai``: any endpoint speaking OpenAI's Chat Completions (OpenAI, vLLM, Ollama,
+    llama.cpp, OpenRouter), at ``base_url``."""
     id: str = "claude-sonnet-5"
     max_output_tokens: Positive = 4096
-    api_key_env: str = "ANTHROPIC_API_KEY"
+    api_key_env: str | None = None
+    """The variable holding the API key (default ``ANTHROPIC_API_KEY``, or ``OPENAI_API_KEY``
+    for ``provider: openai``). A local OpenAI-compatible server needs none."""
     base_url: str | None = None
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 2
     stall_timeout_s: Seconds = 120.0
@@ -59,6 +99,26 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """The model's context window in tokens: no request is sent that would not fit."""
     reserve_output: Positive | None = None
     """Tokens of the window kept for the reply (default: max_output_tokens)."""
+    thinking: ThinkingConfig | None = None
+    truncation: Literal["end", "retry"] = "end"
+    """A reply cut off by ``max_output_tokens``: ``end`` the turn ``truncated`` (its text
+    kept, a cut-off tool call never run), or ``retry`` once with twice the budget."""
+    server_tools: list[str | ServerToolConfig] = msgspec.field(default_factory=list)
+    """Anthropic's server tools by name (``web_search``, ``web_fetch``, ``code_execution``) or
+    with their options."""
+    betas: list[str] = msgspec.field(default_factory=list)
+    """Anthropic beta features to switch on (the ``anthropic-beta`` header)."""
+    max_tokens_param: Literal["max_completion_tokens", "max_tokens"] = "max_completion_tokens"
+    """OpenAI-compatible endpoints: the parameter that carries the output limit (older local
+    servers only know ``max_tokens``)."""
+    stream_usage: bool = True
+    """OpenAI-compatible endpoints: ask for token usage at the end of the stream."""
+
+    @property
+    def key_env(self) -> str:
+        if self.api_key_env is not None:
+            return self.api_key_env
+        return "OPENAI_API_KEY" if self.provider == "openai" else "ANTHROPIC_API_KEY"
 
 
 class Instruction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -198,6 +258,8 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
         # Compaction shortens old tool results and names this tool to read them whole.
         tools.append(BUILTINS["artifact_read"]())
     registry = ToolRegistry(tools)
+    provider = _provider(model)
+    server = _server_tools(manifest, provider, set(registry.names))
     compactor = manifest.context.compactor
     limits = manifest.limits
     agent = Agent(
@@ -206,7 +268,7 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
         model=model,
         model_id=manifest.model.id,
         max_tokens_per_call=manifest.model.max_output_tokens,
-        pinned=_pinned(manifest, model, registry, policy),
+        pinned=_pinned(manifest, model, registry, policy, server),
         tools=registry,
         limits=Limits(
             max_steps=limits.max_steps,
@@ -226,6 +288,8 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
             compactor.id if compactor else "",
             compactor.max_output_tokens if compactor else 1024,
         ),
+        reasoning=_reasoning(manifest.id, manifest.model, provider),
+        truncation=manifest.model.truncation,
     )
     check_schedules(manifest, agent.channels)
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,
@@ -316,8 +380,8 @@ def _context_policy(manifest: Manifest) -> ContextPolicy:
     )  # fmt: skip
 
 
-def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry,
-            policy: ContextPolicy) -> Pinned:  # fmt: skip
+def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry, policy: ContextPolicy,
+            server: list[dict[str, Any]]) -> Pinned:  # fmt: skip
     """The agent's pinned blocks, rendered once: the same bytes every turn."""
     blocks = [
         Block(i.label, i.text) if isinstance(i, Instruction) else Block("instructions", i)
@@ -327,7 +391,7 @@ def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry,
     blocks.append(Block("configuration", _configuration(manifest, model, tools, policy)))
     if manifest.reminders:
         blocks.append(Block("reminders", "\n".join(manifest.reminders)))
-    return Pinned(system=tuple(blocks), tools=tools.definitions())
+    return Pinned(system=tuple(blocks), tools=[*tools.definitions(), *server])
 
 
 def _configuration(manifest: Manifest, model: Model, tools: ToolRegistry,
@@ -356,17 +420,36 @@ def _configuration(manifest: Manifest, model: Model, tools: ToolRegistry,
 
 
 def _model(agent_id: str, config: ModelConfig, env: dict[str, str], where: str) -> Model:
-    key = env.get(config.api_key_env)
+    key = env.get(config.key_env)
     provider = config.provider
     if provider == "auto":
         provider = "anthropic" if key else "scripted"
     if provider == "scripted":
         script = tuple(config.script) if config.script is not None else None
         return ScriptedModel(script) if script is not None else ScriptedModel()
+    if provider == "openai":
+        from gateways.model.openai import OpenAIModel  # its SDK loads only for agents using it
+
+        if not key and not config.base_url:
+            raise ManifestError(
+                f"agent {agent_id!r} uses OpenAI but {config.key_env} is not set",
+                f"set {config.key_env}, or give {where}.base_url of a local server",
+                field=f"{where}.api_key_env",
+            )
+        return OpenAIModel(
+            config.id,
+            # A local server takes any key; the SDK insists on one.
+            api_key=key or "unused",
+            base_url=config.base_url or env.get("OPENAI_BASE_URL"),
+            max_retries=config.max_retries,
+            stall_timeout_s=config.stall_timeout_s,
+            max_tokens_param=config.max_tokens_param,
+            stream_usage=config.stream_usage,
+        )
     if not key:
         raise ManifestError(
-            f"agent {agent_id!r} uses Anthropic but {config.api_key_env} is not set",
-            f"set {config.api_key_env}, or use {where}.provider: scripted",
+            f"agent {agent_id!r} uses Anthropic but {config.key_env} is not set",
+            f"set {config.key_env}, or use {where}.provider: scripted",
             field=f"{where}.provider",
         )
     return AnthropicModel(
@@ -375,7 +458,76 @@ def _model(agent_id: str, config: ModelConfig, env: dict[str, str], where: str) 
         base_url=config.base_url or env.get("ANTHROPIC_BASE_URL"),
         max_retries=config.max_retries,
         stall_timeout_s=config.stall_timeout_s,
+        betas=tuple(config.betas),
     )
+
+
+def _provider(model: Model) -> str:
+    """Which provider a built model speaks to (``auto`` resolved)."""
+    if isinstance(model, ScriptedModel):
+        return "scripted"
+    return "anthropic" if isinstance(model, AnthropicModel) else "openai"
+
+
+def _reasoning(agent_id: str, config: ModelConfig, provider: str) -> Reasoning | None:
+    """The model's ``thinking``, checked against what its provider takes."""
+    thinking = config.thinking
+    if thinking is None or provider == "scripted":
+        return None
+    field = "model.thinking"
+    if provider == "openai":
+        if thinking.budget_tokens is not None or thinking.adaptive:
+            raise ManifestError(
+                f"agent {agent_id!r}: an OpenAI-compatible model takes thinking.effort only",
+                "write thinking: {effort: medium} (low, medium, high...)", field=field,
+            )  # fmt: skip
+        return Reasoning(effort=thinking.effort) if thinking.effort else None
+    if thinking.effort is not None:
+        raise ManifestError(
+            f"agent {agent_id!r}: Anthropic takes thinking.budget_tokens or thinking.adaptive",
+            "write thinking: {budget_tokens: 4000} or thinking: {adaptive: true}", field=field,
+        )  # fmt: skip
+    if thinking.budget_tokens is not None and thinking.budget_tokens >= config.max_output_tokens:
+        raise ManifestError(
+            f"agent {agent_id!r}: thinking.budget_tokens ({thinking.budget_tokens}) must be "
+            f"below model.max_output_tokens ({config.max_output_tokens})",
+            "raise model.max_output_tokens (thinking tokens count toward it) or lower the budget",
+            field=field,
+        )
+    if thinking.budget_tokens is None and not thinking.adaptive:
+        return None
+    return Reasoning(budget_tokens=thinking.budget_tokens, adaptive=thinking.adaptive)
+
+
+def _server_tools(manifest: Manifest, provider: str, ours: set[str]) -> list[dict[str, Any]]:
+    """The definitions of the server tools the agent may use (a denied one is left out)."""
+    configs = [ServerToolConfig(name=t) if isinstance(t, str) else t
+               for t in manifest.model.server_tools]  # fmt: skip
+    if configs and provider != "anthropic":
+        raise ManifestError(
+            f"agent {manifest.id!r}: server tools run only on Anthropic's API",
+            "remove model.server_tools, or use provider: anthropic", field="model.server_tools",
+        )  # fmt: skip
+    definitions = []
+    for config in configs:
+        kind = config.type or SERVER_TOOL_TYPES.get(config.name)
+        if kind is None:
+            raise ManifestError(
+                f"agent {manifest.id!r}: no server tool {config.name!r} is known",
+                f"known: {', '.join(SERVER_TOOL_TYPES)}; or give its API `type`",
+                field="model.server_tools",
+            )
+        if config.name in ours:
+            raise ManifestError(
+                f"agent {manifest.id!r}: server tool {config.name!r} has the name of a tool",
+                "rename one of them", field="model.server_tools",
+            )  # fmt: skip
+        if config.policy == "deny":
+            continue
+        options = msgspec.to_builtins(config)
+        options.pop("policy", None)
+        definitions.append({**options, "type": kind, "name": config.name})
+    return definitions
 
 
 def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:

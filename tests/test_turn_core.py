@@ -51,10 +51,12 @@ def result(
     [
         ([TEXT], "end_turn", 1, 10, "final"),
         ([TEXT], "stop_sequence", 1, 10, "final"),
-        ([TEXT], "max_tokens", 1, 10, "output_limit"),
+        ([TEXT], "max_tokens", 1, 10, "truncated"),  # one call's limit: the reply is cut off
+        ([TEXT, TOOL], "max_tokens", 1, 10, "truncated"),  # a cut-off call never runs
+        ([TEXT], "max_tokens", 1, 100, "output_limit"),  # the turn's own budget is spent
         ([TEXT, TOOL], "tool_use", 1, 10, RunTools),
         ([TEXT, TOOL], "tool_use", 1, 100, "output_limit"),  # the turn's budget is spent
-        ([TEXT], "refusal", 1, 10, "error"),
+        ([TEXT], "refusal", 1, 10, "refused"),
         ([TEXT], "model_context_window_exceeded", 1, 10, "error"),
         ([TEXT], "pause_turn", 1, 10, RunTools),  # continue the paused reply
         ([TEXT], "pause_turn", 3, 10, "max_steps"),

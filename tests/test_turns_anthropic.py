@@ -157,14 +157,15 @@ async def test_timeout_ends_with_the_partial_text(
 
 
 @pytest.mark.asyncio
-async def test_output_limit(
+async def test_a_reply_cut_off_by_max_tokens_ends_truncated_with_its_text(
     node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_anthropic.script(Reply(text="This reply was cut", stop_reason="max_tokens"))
     node = await started(node_factory, fake_anthropic, monkeypatch)
     accepted = await send(node, "helper", "write a novel")
     end = end_of(await wait_end(node, accepted.turn_id))
-    assert end.reason == "output_limit"
+    assert end.reason == "truncated"
+    assert end.error is not None and end.error.code == "reply_truncated"
     assert end.text == "This reply was cut"
 
 

@@ -27,7 +27,14 @@ from typing import Any
 
 import msgspec
 
-from actors.context.history import History, estimate, json_tokens, marked_raw, text_tokens
+from actors.context.history import (
+    History,
+    estimate,
+    json_tokens,
+    marked_raw,
+    text_tokens,
+    wire,
+)
 from eventstore.catalogue import ContextSlot
 
 _BREAKPOINT = {"type": "ephemeral"}
@@ -149,6 +156,8 @@ def render(history: History, keep_tokens: int) -> Rendered:
         said = "assistant" if item.role == "assistant" else "user"
         if raw[:1] == b"[":
             raw = raw[1:-1]  # a list of blocks (an assistant's): its items join the message's
+            if not raw:
+                continue  # nothing the API would take back (no empty message is ever sent)
         if said != role and role:
             parts.append(b'{"role":"%s","content":[%s]}' % (role.encode(), b",".join(blocks)))
             blocks = []
@@ -213,7 +222,9 @@ def assemble(
     _append(messages, "user", [{"type": "text", "text": text}])
     slot("input", text_tokens(text), True, text)
     for message in transcript:
-        _append(messages, message["role"], message["content"])
+        content = wire(message["content"])  # the turn's own blocks, as the API takes them back
+        if content:
+            _append(messages, message["role"], content)
     if transcript:
         slot("this turn", turn_tokens(transcript), False)
     if _mark_last(messages):

@@ -82,13 +82,27 @@ def slim(item: Entry) -> Entry:
 
 
 def wire(content: Any) -> Any:
-    """A stored block (or list of blocks) as the API accepts it: our own annotations (such as
-    ``invalid_json`` on a tool_use whose input did not parse) stay in the log."""
+    """A stored block (or list of blocks) as the API accepts it back: every block as the model
+    sent it (thinking with its signature, compaction and server tool results whole), less what
+    the API would refuse: our own annotations (``invalid_json`` on a tool_use whose input did
+    not parse), empty text blocks (a refusal can leave one), and thinking that never got its
+    signature (another provider's reasoning, or a reply cut short) — it stays in the log."""
     if isinstance(content, list):
-        return [wire(block) for block in content]
+        return [wire(block) for block in content if _sendable(block)]
     if isinstance(content, dict) and content.get("type") == "tool_use":
         return {k: content[k] for k in ("type", "id", "name", "input") if k in content}
     return content
+
+
+def _sendable(block: Any) -> bool:
+    if not isinstance(block, dict):
+        return True
+    kind = block.get("type")
+    if kind == "text":
+        return bool(block.get("text")) or bool(block.get("citations"))
+    if kind == "thinking":
+        return bool(block.get("signature"))
+    return True
 
 
 class Digest(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,7 +19,7 @@ _SNAPSHOT = _SQL.joinpath("snapshot.sql").read_text().encode()
 _LAST_END = _SQL.joinpath("last_end.sql").read_text().encode()
 _ARTIFACT = _SQL.joinpath("artifact.sql").read_text().encode()
 _JSON = msgspec.json.Decoder(Any)
-_BADLY = {"max_steps", "timeout", "output_limit", "error"}
+_BADLY = {"max_steps", "timeout", "output_limit", "truncated", "error"}
 _SLIM = {"dedupe", "stub"}
 
 

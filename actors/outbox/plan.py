@@ -30,6 +30,8 @@ UNFINISHED_NOTE = {
     "timeout": "Sorry, I ran out of time before I could answer.",
     "max_steps": "Sorry, I could not finish this within my step limit.",
     "output_limit": "Sorry, my answer ran past its length limit.",
+    "truncated": "Sorry, my answer ran past its length limit.",
+    "refused": "Sorry, I can't help with that.",
     "error": "Sorry, something went wrong and I could not answer.",
 }
 """What a person on a channel is told when a turn ended with no text: silence reads as being

@@ -78,6 +78,8 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     """This turn's messages after the person's input, in the model's format."""
     texts: tuple[str, ...] = ()
     prompt_tokens: int = 0
+    """Prompt tokens of every model call of the turn, summed (each call reads the whole
+    context again, and each is billed)."""
     output_tokens: int = 0
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
@@ -86,6 +88,8 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     tainted: bool = False
     """Untrusted content (a tool result marked so) entered this turn."""
     last_finish_reason: str | None = None
+    truncations: int = 0
+    """Replies cut off by ``max_tokens`` and sent again with a larger budget."""
     ended: EndReason | None = None
 
     @property
@@ -112,20 +116,12 @@ def apply(
         case TurnAttempt(attempt=attempt):
             return replace(state, attempt=attempt)
         case ModelResult() as result:
-            transcript = state.transcript
-            if result.content:
-                transcript = (*transcript, {"role": "assistant", "content": result.content})
-            return replace(
-                state,
-                steps=state.steps + 1,
-                transcript=transcript,
-                texts=(*state.texts, result.text),
-                last_finish_reason=result.finish_reason,
-                prompt_tokens=result.prompt_tokens,
-                output_tokens=state.output_tokens + result.output_tokens,
-                cache_read_tokens=state.cache_read_tokens + result.cache_read_tokens,
-                cache_write_tokens=state.cache_write_tokens + result.cache_write_tokens,
-            )
+            return _with_result(state, result)
+        case ToolCall(server=True) | ToolResult(server=True):
+            # The provider ran it inside the model call: nothing is open, nothing to answer;
+            # what it fetched from outside still taints the turn.
+            untrusted = isinstance(data, ToolResult) and data.trust == "untrusted"
+            return replace(state, tainted=state.tainted or untrusted)
         case ToolCall() as call:
             opened = OpenCall(call.call_id, call.slug, call.mutating, dict(call.args or {}))
             return replace(state, open_calls=(*state.open_calls, opened))
@@ -156,6 +152,29 @@ def apply(
             return replace(state, ended=reason)
         case _:
             return state
+
+
+def _with_result(state: TurnState, result: ModelResult) -> TurnState:
+    replace = msgspec.structs.replace
+    if result.discarded:  # cut off and sent again: it cost a call, it says nothing
+        return replace(state, steps=state.steps + 1,
+                       prompt_tokens=state.prompt_tokens + result.prompt_tokens,
+                       output_tokens=state.output_tokens + result.output_tokens,
+                       truncations=state.truncations + 1)  # fmt: skip
+    transcript = state.transcript
+    if result.content:
+        transcript = (*transcript, {"role": "assistant", "content": result.content})
+    return replace(
+        state,
+        steps=state.steps + 1,
+        transcript=transcript,
+        texts=(*state.texts, result.text),
+        last_finish_reason=result.finish_reason,
+        prompt_tokens=state.prompt_tokens + result.prompt_tokens,
+        output_tokens=state.output_tokens + result.output_tokens,
+        cache_read_tokens=state.cache_read_tokens + result.cache_read_tokens,
+        cache_write_tokens=state.cache_write_tokens + result.cache_write_tokens,
+    )
 
 
 def _approvals(
@@ -229,7 +248,8 @@ def after_model(state: TurnState, content: list[dict[str, Any]], stop_reason: st
     """What follows a model reply (``state`` already includes it)."""
     tool_uses = [block for block in content if block.get("type") == "tool_use"]
     if stop_reason == "pause_turn":
-        # The provider paused a long turn: send its content back as it is and let it go on.
+        # The provider paused a long turn (server tools at work): send its content back as it is
+        # and let it go on.
         return (
             End("max_steps", _max_steps(state)) if state.steps >= limits.max_steps else RunTools([])
         )
@@ -239,10 +259,19 @@ def after_model(state: TurnState, content: list[dict[str, Any]], stop_reason: st
             message="the conversation no longer fits the model's context window",
             hint="clear the session, or lower limits so less history is kept",
         ))  # fmt: skip
-    if stop_reason == "max_tokens" and not tool_uses:
-        return End("output_limit", _output_limit(state, limits))
+    if stop_reason == "max_tokens":
+        # Never a tool call from a cut-off reply: its input may be half written.
+        if state.output_tokens >= limits.max_output_tokens:
+            return End("output_limit", _output_limit(state, limits))
+        return End("truncated", ErrorDetail(
+            code="reply_truncated",
+            message=f"the reply was cut off at the output limit of one model call "
+                    f"({state.output_tokens} output tokens in the turn)",
+            hint="raise model.max_output_tokens, set model.truncation: retry, or ask for a "
+                 "shorter answer",
+        ))  # fmt: skip
     if stop_reason == "refusal":
-        return End("error", ErrorDetail(
+        return End("refused", ErrorDetail(
             code="model_refused", message="the model declined to answer",
             hint="rephrase the request; the refusal is in the turn's events",
         ))  # fmt: skip
@@ -251,6 +280,34 @@ def after_model(state: TurnState, content: list[dict[str, Any]], stop_reason: st
     if state.output_tokens >= limits.max_output_tokens:
         return End("output_limit", _output_limit(state, limits))
     return RunTools(tool_uses)
+
+
+def kept_content(content: list[dict[str, Any]], stop_reason: str) -> list[dict[str, Any]]:
+    """The blocks of a reply that enter the conversation. A reply cut off by ``max_tokens``
+    loses its tool calls (never run, and a half-written input must not stand in the history as
+    if it had been asked for) and any server tool use left without its result; everything else
+    (its text, its thinking) is kept."""
+    if stop_reason != "max_tokens":
+        return content
+    answered = {b.get("tool_use_id") for b in content if b.get("type", "").endswith("_result")}
+    return [
+        b
+        for b in content
+        if b.get("type") != "tool_use"
+        and (b.get("type") != "server_tool_use" or b.get("id") in answered)
+    ]
+
+
+def retry_truncated(state: TurnState, stop_reason: str, policy: str, max_tokens: int,
+                    larger: int) -> bool:  # fmt: skip
+    """Whether a reply cut off by ``max_tokens`` is sent again with ``larger`` (once per turn,
+    when the manifest asks for it and the budget does grow)."""
+    return (
+        stop_reason == "max_tokens"
+        and policy == "retry"
+        and state.truncations == 0
+        and larger > max_tokens
+    )
 
 
 def after_tools(state: TurnState, limits: Limits) -> End | Continue:

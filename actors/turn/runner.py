@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import structlog
@@ -36,6 +36,7 @@ from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelt
 from actors.outbox import plan as outbox_plan
 from actors.tools import ToolSpec, args_hash, execute_calls
 from actors.tools.notes import StoreNotes
+from actors.turn import server_tools
 from actors.turn.core import (
     Approval,
     End,
@@ -45,9 +46,11 @@ from actors.turn.core import (
     after_tools,
     apply,
     fold,
+    kept_content,
     last_reply,
     remaining_output,
     repair_outcome,
+    retry_truncated,
     unanswered_tool_uses,
 )
 from actors.turn.plan import UNCERTAIN, closed, not_run, plan, refusal, repair_events
@@ -171,6 +174,8 @@ class TurnRunner:
         self._step_id: str | None = None
         self._partial: list[str] = []
         self._unflushed: list[str] = []
+        self._unflushed_kind: Literal["text", "reasoning"] = "text"
+        self._latency = 0.0
         self._in_model_call = False
         self._staged: list[tuple[Event, str | None]] = []
         self._sent_version = -1
@@ -358,16 +363,41 @@ class TurnRunner:
                 "clear the session, raise model.context_window, or lower "
                 "limits.max_tool_output_chars so one turn's tool results fit",
             )  # fmt: skip
-        self._send([ModelCall(role="main", model=agent.model_id, prompt_tokens=prepared.tokens)])
-        request = ModelRequest(
-            model=agent.model_id,
-            system=assembly.system,
-            messages=assembly.messages,
-            tools=agent.pinned.tools,
-            max_tokens=max(1, min(remaining_output(state, agent.limits, agent.max_tokens_per_call),
-                                  policy.window - prepared.tokens)),
-        )  # fmt: skip
-        self._partial, self._unflushed = [], []
+        max_tokens = max(1, min(remaining_output(state, agent.limits, agent.max_tokens_per_call),
+                                policy.window - prepared.tokens))  # fmt: skip
+        while True:
+            self._send([ModelCall(role="main", model=agent.model_id,
+                                  prompt_tokens=prepared.tokens)])  # fmt: skip
+            request = ModelRequest(
+                model=agent.model_id,
+                system=assembly.system,
+                messages=assembly.messages,
+                tools=agent.pinned.tools,
+                max_tokens=max_tokens,
+                reasoning=agent.reasoning,
+            )
+            completed = await self._stream(request, history, assembly.total)
+            # A reply cut off by its output limit is sent again once with a larger budget when
+            # the manifest says so (never past the turn's own budget or the window).
+            larger = min(max_tokens * 2, policy.window - prepared.tokens,
+                         agent.limits.max_output_tokens - self.state.output_tokens
+                         - completed.usage.output_tokens)  # fmt: skip
+            if not retry_truncated(self.state, completed.stop_reason, agent.truncation,
+                                   max_tokens, larger):  # fmt: skip
+                self._stage([self._result(completed, discarded=False)])
+                self._stage(server_tools.events(completed.content))
+                self._in_model_call = False
+                return completed
+            self._stage([self._result(completed, discarded=True)])
+            self._in_model_call = False
+            log.info("reply_truncated_retry", turn=self.turn_id, max_tokens=larger)
+            max_tokens = larger
+
+    async def _stream(self, request: ModelRequest, history: History, estimate: int) -> Completed:
+        """One model call, its deltas sent as chunks as they come; the reply, with its last
+        chunk staged (not yet its ``model.result``)."""
+        agent = self.agent
+        self._partial, self._unflushed, self._unflushed_kind = [], [], "text"
         self._in_model_call = True
         started = time.monotonic()
         last_flush = started
@@ -375,8 +405,12 @@ class TurnRunner:
         try:
             async for event in agent.model.stream(request):
                 match event:
-                    case TextDelta(text=text):
-                        self._partial.append(text)
+                    case TextDelta(text=text, kind=kind):
+                        if kind != self._unflushed_kind:
+                            self._flush_chunks()
+                            self._unflushed_kind = kind
+                        if kind == "text":  # a stopped turn keeps the answer, never reasoning
+                            self._partial.append(text)
                         self._unflushed.append(text)
                         now = time.monotonic()
                         size = sum(len(t) for t in self._unflushed)
@@ -400,37 +434,44 @@ class TurnRunner:
                 time.monotonic() - started
             )
             raise
-        latency = time.monotonic() - started
-        MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(latency)
-        usage = completed.usage
-        if usage.prompt_tokens:
-            history.calibrate(assembly.total, usage.prompt_tokens)
-        text = "".join(b.get("text", "") for b in completed.content if b.get("type") == "text")
-        rest = "".join(self._unflushed)
-        self._unflushed = []
+        self._latency = time.monotonic() - started
+        MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(self._latency)
+        if completed.usage.prompt_tokens:
+            history.calibrate(estimate, completed.usage.prompt_tokens)
         # Staged, not appended: the reply goes to the log with whatever follows it (the step's
         # tool calls, or the turn's end), one commit instead of two.
-        self._stage([ModelChunk(delta=rest)] if rest else [])
-        self._stage([ModelResult(
+        self._stage_chunk()
+        return completed
+
+    def _result(self, completed: Completed, *, discarded: bool) -> ModelResult:
+        usage = completed.usage
+        content = kept_content(completed.content, completed.stop_reason)
+        text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
+        return ModelResult(
             output_tokens=usage.output_tokens,
             prompt_tokens=usage.prompt_tokens,
             prompt_tokens_reported=usage.prompt_tokens,
             finish_reason=completed.stop_reason,
-            latency_ms=int(latency * 1000),
+            latency_ms=int(self._latency * 1000),
             cache_read_tokens=usage.cache_read_tokens,
             cache_write_tokens=usage.cache_write_tokens,
             first_token_ms=completed.first_token_ms,
-            text=text,
-            content=completed.content,
-        )])  # fmt: skip
-        self._in_model_call = False
-        return completed
+            text="" if discarded else text,
+            content=None if discarded else content,
+            discarded=discarded,
+            server_tool_requests=usage.server_tool_requests or None,
+        )
 
-    def _flush_chunks(self) -> None:
+    def _stage_chunk(self) -> None:
         if self._unflushed:
             delta = "".join(self._unflushed)
             self._unflushed = []
-            self._send([ModelChunk(delta=delta)])
+            self._stage([ModelChunk(delta=delta, kind=self._unflushed_kind)])
+
+    def _flush_chunks(self) -> None:
+        if self._unflushed:
+            self._stage_chunk()
+            self._send()
 
     async def _run_tools(self, pending: list[dict[str, Any]]) -> End | None:
         """Validate, announce, run and record the tool calls of the last reply; an End when a
@@ -526,13 +567,15 @@ class TurnRunner:
         one, so that the stored transcript stays valid for the next turn."""
         events: list[Event] = []
         if self._unflushed:
-            events.append(ModelChunk(delta="".join(self._unflushed)))
+            events.append(ModelChunk(delta="".join(self._unflushed), kind=self._unflushed_kind))
             self._unflushed = []
         if self._in_model_call:
+            # Only the answer's text is kept of a reply cut short: its thinking had no
+            # signature yet (the API would refuse it back), and reasoning is never the answer.
             partial = "".join(self._partial)
             keep = end.reason in ("stopped", "timeout") and partial
             events.append(ModelResult(
-                output_tokens=0, prompt_tokens=self.state.prompt_tokens, finish_reason=end.reason,
+                output_tokens=0, prompt_tokens=0, finish_reason=end.reason,
                 latency_ms=0, text=partial, error=end.error,
                 content=[{"type": "text", "text": partial}] if keep else None,
             ))  # fmt: skip

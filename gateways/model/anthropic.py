@@ -3,23 +3,39 @@
 Retries before the first byte are ours (the SDK's are switched off), so that each one is an event
 (``model.retry``) with the delay the server asked for. After the first byte nothing is retried:
 the deltas are already in the log, so a failure ends the step with a typed error instead.
+
+The SDK sends the request (auth, headers, status errors); the reply's body is read as it comes,
+server-sent events decoded straight from bytes, and each content block is kept as the JSON the
+API sent, deltas folded in. So every block type the API streams, including ones newer than this
+code (server tool results, compaction, whatever comes next), is stored whole and can be sent back
+as it came, which the API requires of thinking signatures and compaction content; and no typed
+objects are built per delta only to be dumped again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import random
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import httpx2
+import msgspec
 
-from actors.model import Completed, ModelError, ModelEvent, ModelRequest, Retrying, TextDelta, Usage
+from actors.model import (
+    Completed,
+    ModelError,
+    ModelEvent,
+    ModelRequest,
+    Reasoning,
+    Retrying,
+    TextDelta,
+    Usage,
+)
+from gateways.model import retry
 
-_RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 _FATAL_CODES = {
     400: ("model_bad_request", "the request was refused as invalid; this is a bug, see the log"),
     401: ("model_auth_failed", "check ANTHROPIC_API_KEY"),
@@ -28,10 +44,32 @@ _FATAL_CODES = {
     404: ("model_not_found", "check model.id in the agent's manifest"),
     413: ("model_request_too_large", "the context is too large for one request"),
 }
-
+_STREAM_ERROR_CODES = {
+    "overloaded_error": "model_overloaded",
+    "api_error": "model_api_error",
+    "rate_limit_error": "model_rate_limited",
+}
+MIN_THINKING_BUDGET = 1024
+"""The API's smallest ``budget_tokens``."""
 
 _TOO_LONG = ("prompt is too long", "exceed context limit")
 """How the API says a request does not fit the model's window (a 400)."""
+
+_DECODE = msgspec.json.Decoder().decode
+
+
+def thinking_param(reasoning: Reasoning | None, max_tokens: int) -> dict[str, Any] | None:
+    """The request's ``thinking``: adaptive, or a budget below the call's ``max_tokens`` (the
+    API requires it). A call left with too little room for the smallest budget does not think:
+    its output limit is the turn's to keep, and thinking tokens count toward it."""
+    if reasoning is None:
+        return None
+    if reasoning.adaptive:
+        return {"type": "adaptive"}
+    if reasoning.budget_tokens is None:
+        return None
+    budget = min(reasoning.budget_tokens, max_tokens - 1)
+    return {"type": "enabled", "budget_tokens": budget} if budget >= MIN_THINKING_BUDGET else None
 
 
 class AnthropicModel:
@@ -44,6 +82,7 @@ class AnthropicModel:
         max_retries: int = 2,
         connect_timeout_s: float = 10.0,
         stall_timeout_s: float = 120.0,
+        betas: tuple[str, ...] = (),
     ) -> None:
         self.label = f"anthropic:{model_id}"
         self.max_retries = max_retries
@@ -53,6 +92,7 @@ class AnthropicModel:
             max_retries=0,
             # Read is per socket read: a stream that sends nothing for this long has stalled.
             timeout=anthropic.Timeout(stall_timeout_s, connect=connect_timeout_s),
+            default_headers={"anthropic-beta": ",".join(betas)} if betas else None,
         )
 
     async def aclose(self) -> None:
@@ -78,126 +118,176 @@ class AnthropicModel:
         return int(counted.input_tokens)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        thinking = thinking_param(request.reasoning, request.max_tokens)
         attempt = 0
         while True:
             attempt += 1
             started = time.monotonic()
-            try:
-                raw = await self._client.messages.create(
-                    model=request.model,
-                    max_tokens=request.max_tokens,
-                    # An empty list would still go on the wire; leave the parameter out instead.
-                    system=request.system or anthropic.omit,  # type: ignore[arg-type]
-                    messages=request.messages,  # type: ignore[arg-type]
-                    tools=request.tools or anthropic.omit,  # type: ignore[arg-type]
-                    stream=True,
-                )
-            except anthropic.APIStatusError as e:
-                if e.status_code not in _RETRYABLE or attempt > self.max_retries or _spend(e):
-                    raise _fatal(e) from e
-                delay = _delay(e.response.headers, attempt)
-                yield Retrying(status=e.status_code, attempt=attempt, delay_ms=int(delay * 1000),
-                               error=str(e.type or e.status_code))  # fmt: skip
-                await asyncio.sleep(delay)
-                continue
-            except anthropic.APIConnectionError as e:
-                if attempt > self.max_retries:
-                    raise ModelError(
-                        "model_unreachable", f"cannot reach the model API: {e}",
-                        "check the network and the model provider's status",
-                    ) from e  # fmt: skip
-                delay = _delay({}, attempt)
-                yield Retrying(status=0, attempt=attempt, delay_ms=int(delay * 1000),
-                               error=type(e).__name__)  # fmt: skip
-                await asyncio.sleep(delay)
-                continue
-            async for event in _read(raw, started):
-                yield event
-            return
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    raw = await stack.enter_async_context(
+                        self._client.messages.with_streaming_response.create(
+                            model=request.model,
+                            max_tokens=request.max_tokens,
+                            # An empty list would still go on the wire; leave it out instead.
+                            system=request.system or anthropic.omit,  # type: ignore[arg-type]
+                            messages=request.messages,  # type: ignore[arg-type]
+                            tools=request.tools or anthropic.omit,  # type: ignore[arg-type]
+                            thinking=thinking or anthropic.omit,  # type: ignore[arg-type]
+                            stream=True,
+                        )
+                    )
+                except anthropic.APIStatusError as e:
+                    retryable = e.status_code in retry.RETRYABLE_STATUS and not _spend(e)
+                    if not retryable or attempt > self.max_retries:
+                        raise _fatal(e) from e
+                    delay = retry.delay(e.response.headers, attempt)
+                    yield Retrying(status=e.status_code, attempt=attempt,
+                                   delay_ms=int(delay * 1000),
+                                   error=str(e.type or e.status_code))  # fmt: skip
+                    await asyncio.sleep(delay)
+                    continue
+                except anthropic.APIConnectionError as e:
+                    if attempt > self.max_retries:
+                        raise ModelError(
+                            "model_unreachable", f"cannot reach the model API: {e}",
+                            "check the network and the model provider's status",
+                        ) from e  # fmt: skip
+                    delay = retry.delay({}, attempt)
+                    yield Retrying(status=0, attempt=attempt, delay_ms=int(delay * 1000),
+                                   error=type(e).__name__)  # fmt: skip
+                    await asyncio.sleep(delay)
+                    continue
+                async for event in _read(raw, started):
+                    yield event
+                return
 
 
 class _Reply:
-    """The reply as its raw events arrive: blocks by index, tool input JSON kept as text until
-    its block ends (so malformed JSON becomes a repairable error, not a crash), usage."""
+    """The reply as its events arrive: each block the JSON object the API started it with,
+    deltas folded in; tool input JSON kept as text until its block ends (so malformed or cut-off
+    JSON becomes a note, not a crash); usage."""
+
+    __slots__ = ("blocks", "first_token_ms", "partial_json", "started", "stop_reason", "usage")
 
     def __init__(self, started: float) -> None:
         self.started = started
         self.blocks: dict[int, dict[str, Any]] = {}
         self.partial_json: dict[int, list[str]] = {}
-        self.usage: dict[str, int] = {}
+        self.usage: dict[str, Any] = {}
         self.stop_reason: str | None = None
         self.first_token_ms: int | None = None
 
-    def take(self, event: Any) -> TextDelta | None:
-        match event.type:
-            case "message_start":
-                self.usage.update(_usage(event.message.usage))
-            case "content_block_start":
-                block = event.content_block.model_dump(exclude_none=True)
-                self.blocks[event.index] = block
-                if block.get("type") == "tool_use":
-                    self.partial_json[event.index] = []
-            case "content_block_delta":
-                return self._delta(self.blocks[event.index], event.index, event.delta)
-            case "content_block_stop":
-                if event.index in self.partial_json:
-                    text = "".join(self.partial_json[event.index])
-                    _finish_tool_input(self.blocks[event.index], text)
-            case "message_delta":
-                self.stop_reason = event.delta.stop_reason
-                self.usage.update(_usage(event.usage))
+    def take(self, event: dict[str, Any]) -> TextDelta | None:
+        kind = event.get("type")
+        if kind == "content_block_delta":
+            return self._delta(event["index"], event["delta"])
+        if kind == "content_block_start":
+            self.blocks[event["index"]] = event["content_block"]
+        elif kind == "content_block_stop":
+            self._close(event["index"])
+        elif kind == "message_delta":
+            self.stop_reason = event["delta"].get("stop_reason") or self.stop_reason
+            self.usage.update(event.get("usage") or {})
+        elif kind == "message_start":
+            self.usage.update(event["message"].get("usage") or {})
+        elif kind == "error":
+            raise _stream_error(event.get("error") or {})
         return None
 
-    def _delta(self, block: dict[str, Any], index: int, delta: Any) -> TextDelta | None:
-        match delta.type:
+    def _delta(self, index: int, delta: dict[str, Any]) -> TextDelta | None:
+        block = self.blocks[index]
+        match delta.get("type"):
             case "text_delta":
+                text = delta["text"]
                 if self.first_token_ms is None:
                     self.first_token_ms = int((time.monotonic() - self.started) * 1000)
-                block["text"] = block.get("text", "") + delta.text
-                return TextDelta(delta.text)
-            case "input_json_delta":
-                self.partial_json[index].append(delta.partial_json)
+                block["text"] = block.get("text", "") + text
+                return TextDelta(text)
             case "thinking_delta":
-                block["thinking"] = block.get("thinking", "") + delta.thinking
-                return TextDelta(delta.thinking, kind="reasoning")
+                text = delta["thinking"]
+                block["thinking"] = block.get("thinking", "") + text
+                return TextDelta(text, kind="reasoning")
+            case "input_json_delta":
+                self.partial_json.setdefault(index, []).append(delta["partial_json"])
             case "signature_delta":
-                block["signature"] = delta.signature
+                block["signature"] = delta["signature"]
+            case "citations_delta":
+                block["citations"] = [*(block.get("citations") or ()), delta["citation"]]
+            case _:
+                # A delta of a kind this code does not know (compaction_delta, and whatever
+                # comes next): strings are appended to the field of the same name, anything
+                # else replaces it, so the block ends as the API built it.
+                for key, value in delta.items():
+                    if key == "type" or value is None:
+                        continue
+                    held = block.get(key)
+                    block[key] = held + value if isinstance(held, str) and isinstance(value, str) \
+                        else value  # fmt: skip
         return None
+
+    def _close(self, index: int) -> None:
+        parts = self.partial_json.pop(index, None)
+        if parts is not None:
+            _finish_tool_input(self.blocks[index], "".join(parts))
 
     def completed(self) -> Completed:
         if self.stop_reason is None:
             raise ModelError("model_stream_truncated",
                              "the model stream ended before its last event",
                              "retry the message; the provider closed the reply early")  # fmt: skip
+        for index in list(self.partial_json):  # a block cut off without its stop
+            self._close(index)
         usage = self.usage
+        server = usage.get("server_tool_use")
+        billed = {k: int(v) for k, v in server.items() if v} if isinstance(server, dict) else {}
         return Completed(
-            content=[self.blocks[i] for i in sorted(self.blocks)],
+            content=[b for _, b in sorted(self.blocks.items()) if not _empty(b)],
             stop_reason=self.stop_reason,
             usage=Usage(
-                input_tokens=usage.get("input_tokens", 0),
-                output_tokens=usage.get("output_tokens", 0),
-                cache_read_tokens=usage.get("cache_read_input_tokens", 0),
-                cache_write_tokens=usage.get("cache_creation_input_tokens", 0),
+                input_tokens=usage.get("input_tokens") or 0,
+                output_tokens=usage.get("output_tokens") or 0,
+                cache_read_tokens=usage.get("cache_read_input_tokens") or 0,
+                cache_write_tokens=usage.get("cache_creation_input_tokens") or 0,
+                server_tool_requests=billed,
             ),
             first_token_ms=self.first_token_ms,
         )
 
 
+def _empty(block: dict[str, Any]) -> bool:
+    """A block the API would refuse to take back and that says nothing: a text block with no
+    text (a refusal can start one), a thinking block with neither thinking nor signature."""
+    kind = block.get("type")
+    if kind == "text":
+        return not block.get("text") and not block.get("citations")
+    if kind == "thinking":
+        return not block.get("thinking") and not block.get("signature")
+    return False
+
+
+async def _events(response: Any) -> AsyncIterator[dict[str, Any]]:
+    """The JSON data of each server-sent event of a response body, decoded from bytes as they
+    arrive (``event:`` lines are redundant: every data object names its ``type``)."""
+    buffer = b""
+    async for chunk in response.iter_bytes():
+        buffer = buffer + chunk if buffer else chunk
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        while (end := buffer.find(b"\n\n")) >= 0:
+            frame, buffer = buffer[:end], buffer[end + 2 :]
+            data = [line[5:].lstrip(b" ") for line in frame.split(b"\n") if line[:5] == b"data:"]
+            if data:
+                yield _DECODE(data[0] if len(data) == 1 else b"\n".join(data))
+
+
 async def _read(raw: Any, started: float) -> AsyncIterator[ModelEvent]:
     reply = _Reply(started)
     try:
-        async for event in raw:
+        async for event in _events(raw):
             delta = reply.take(event)
             if delta is not None:
                 yield delta
-    except anthropic.APIStatusError as e:  # an `error` event inside the stream
-        kind = e.type or "api_error"
-        code = {"overloaded_error": "model_overloaded", "api_error": "model_api_error"}.get(
-            kind, "model_stream_error"
-        )
-        raise ModelError(code, f"the model stream failed: {kind}: {_message(e)}",
-                         "retry the message; the provider reported the failure mid-reply",
-                         status=e.status_code) from e  # fmt: skip
     except httpx2.TimeoutException as e:
         raise ModelError("model_stalled", "the model stream stalled (no data within the read "
                          "timeout)", "retry the message; if it recurs, check the provider's "
@@ -208,12 +298,19 @@ async def _read(raw: Any, started: float) -> AsyncIterator[ModelEvent]:
             f"the model stream broke off: {e}",
             "retry the message; the connection to the provider dropped",
         ) from e
-    except ValueError as e:
-        raise ModelError("model_invalid_stream", f"the model stream could not be read: {e}",
-                         "retry the message") from e  # fmt: skip
-    finally:
-        await raw.close()
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ModelError("model_invalid_stream", f"the model stream could not be read: "
+                         f"{type(e).__name__}: {e}", "retry the message") from e  # fmt: skip
     yield reply.completed()
+
+
+def _stream_error(error: dict[str, Any]) -> ModelError:
+    """An ``error`` event inside the stream (the status was 200: the failure came mid-reply)."""
+    kind = str(error.get("type") or "api_error")
+    return ModelError(_STREAM_ERROR_CODES.get(kind, "model_stream_error"),
+                      f"the model stream failed: {kind}: {error.get('message', '')}",
+                      "retry the message; the provider reported the failure mid-reply",
+                      status=529 if kind == "overloaded_error" else 0)  # fmt: skip
 
 
 def _finish_tool_input(block: dict[str, Any], text: str) -> None:
@@ -221,8 +318,8 @@ def _finish_tool_input(block: dict[str, Any], text: str) -> None:
         block["input"] = {}
         return
     try:
-        parsed = json.loads(text)
-    except ValueError as e:
+        parsed = _DECODE(text)
+    except (ValueError, msgspec.DecodeError) as e:
         block["input"] = {}
         block["invalid_json"] = f"{e.__class__.__name__}: {e}"[:300]
         return
@@ -231,30 +328,6 @@ def _finish_tool_input(block: dict[str, Any], text: str) -> None:
     else:
         block["input"] = {}
         block["invalid_json"] = f"expected a JSON object, got {type(parsed).__name__}"
-
-
-def _usage(raw: Any) -> dict[str, int]:
-    if raw is None:
-        return {}
-    fields = ("input_tokens", "output_tokens", "cache_read_input_tokens",
-              "cache_creation_input_tokens")  # fmt: skip
-    return {f: int(v) for f in fields if (v := getattr(raw, f, None)) is not None}
-
-
-def _delay(headers: Any, attempt: int) -> float:
-    """The wait before a retry: what the server asked for, else exponential backoff with
-    jitter (0.5 s doubling, capped at 8 s)."""
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name) if headers else None
-        if value:
-            try:
-                seconds = float(value) * scale
-            except ValueError:
-                continue
-            if seconds > 0:
-                return min(seconds, 60.0)
-    backoff: float = min(0.5 * 2 ** (attempt - 1), 8.0)
-    return backoff * (1 - 0.25 * random.random())  # noqa: S311 - jitter, not security
 
 
 def _spend(e: anthropic.APIStatusError) -> bool:
