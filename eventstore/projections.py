@@ -209,7 +209,7 @@ def history_row(event: Event | UnknownEvent) -> tuple[str, Any] | None:
             return ("user", {"type": "text", "text": text})
         case ModelResult(content=content) if content:
             return ("assistant", content)
-        case ToolResult() as result:
+        case ToolResult(server=False) as result:  # a server tool's result is in the reply
             return (
                 "tool",
                 {
