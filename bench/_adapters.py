@@ -12,7 +12,7 @@ For each provider, per call, in loop-thread CPU (``time.thread_time``):
     response handling, the HTTP transfer, and our parsing);
   - ours: our parsing alone, replaying the recorded body's chunks through the adapter's reader
     (no socket, no SDK);
-  - SDK share = adapter − baseline − ours;
+  - SDK share = adapter - baseline - ours;
   - typed (Anthropic): the SDK's typed event stream over the same reply, the adapter's reading
     before it took the body raw.
 """
@@ -86,8 +86,10 @@ async def _cpu_per_call(call: Callable[[], Awaitable[Any]], calls: int) -> float
 
 
 async def _recorded(url: str, headers: dict[str, str], body: dict[str, Any]) -> list[bytes]:
-    async with httpx2.AsyncClient() as client, client.stream("POST", url, json=body,
-                                                              headers=headers) as response:  # fmt: skip
+    async with (
+        httpx2.AsyncClient() as client,
+        client.stream("POST", url, json=body, headers=headers) as response,
+    ):
         return [chunk async for chunk in response.aiter_bytes()]
 
 
@@ -133,8 +135,12 @@ async def anthropic_figures(calls: int = CALLS) -> Figures:
 
         async def typed() -> None:
             stream = await client.messages.create(
-                model="bench-model", max_tokens=4096, stream=True, messages=REQUEST.messages,
-                system=REQUEST.system, tools=REQUEST.tools,
+                model="bench-model",
+                max_tokens=4096,
+                stream=True,
+                messages=REQUEST.messages,
+                system=REQUEST.system,
+                tools=REQUEST.tools,
                 thinking={"type": "enabled", "budget_tokens": 2048},
             )  # type: ignore[call-overload]
             async for _ in stream:
