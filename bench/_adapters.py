@@ -163,7 +163,7 @@ def msgspec_replace(request: ModelRequest, **changes: Any) -> ModelRequest:
 async def all_figures(calls: int = CALLS) -> list[Figures]:
     figures = [await anthropic_figures(calls)]
     try:
-        from bench._adapters_openai import openai_figures
+        from _adapters_openai import openai_figures
     except ImportError:
         return figures
     figures.append(await openai_figures(calls))

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -45,6 +45,8 @@ from eventstore.catalogue import TurnEnd
 from runtime.config import Settings, from_env
 
 perf = time.perf_counter
+
+T = TypeVar("T")
 
 
 def pct(samples: Sequence[float], q: float) -> float:
@@ -262,14 +264,13 @@ def raw_connect(url: str, schema: str, *, autocommit: bool = False) -> psycopg.C
     return psycopg.connect(url, autocommit=autocommit, options=f"-c search_path={schema}")
 
 
-def run_loop(coro: Coroutine[Any, Any, None]) -> None:
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Run the benchmark on uvloop, as a node does (plain asyncio if it is missing)."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(coro)
-        return
-    uvloop.run(coro)
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Benchmark of the turn engine: turns per second through the actors, in one run, on one database.
 
-    .venv/bin/python bench/turns.py [--quick] [--keep] [--no-profile]
+    .venv/bin/python bench/turns.py [--quick] [--keep] [--no-profile] [--adapters-only]
 
 Uses DATABASE_URL / NATS_URL when set, else starts the embedded Postgres and NATS in a fresh
 temporary directory (removed afterwards). Every run works in its own schemas ``bench_<hex>`` (the
@@ -20,7 +20,9 @@ bench is a client on the node's own NATS connection and event loop, like the tes
   - per turn, from its own events: per-step runtime overhead, and where the time goes between its
     appends (``recorded_at`` is the inserting transaction's ``now()``);
   - per window: commits, events, NATS messages, threads started and CPU per turn;
-  - a cProfile of the event-loop thread at 16 sessions, phase A.
+  - a cProfile of the event-loop thread at 16 sessions, phase A;
+  - the model adapters (bench/_adapters.py): loop CPU per model call against each provider's
+    fake, our parsing apart from the SDK's share, against a bare HTTP read of the same body.
 Goals: issue "turn engine": per-step overhead p50 <= 2 ms; >= 500 single-step turns/s.
 Anchor: the original Dispach (Bun + SQLite, not durable per event) on this machine: ~1,300
 single-step and ~750 one-tool turns/s, ~1 ms of server CPU per turn.
@@ -51,6 +53,9 @@ from _report import (
     servers,
     watch_ends,
 )
+
+# isort: split
+from _adapters import all_figures, print_figures
 
 # isort: split
 import argparse
@@ -1014,7 +1019,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short windows, a smoke run")
     parser.add_argument("--keep", action="store_true", help="keep the bench schemas afterwards")
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile window")
+    parser.add_argument("--adapters-only", action="store_true",
+                        help="only the CPU per model call of each provider's adapter")  # fmt: skip
     args = parser.parse_args()
+    if args.adapters_only:
+        print_figures(run_loop(all_figures()))
+        return
     plan = QUICK if args.quick else FULL
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     started = perf()
@@ -1022,6 +1032,8 @@ def main() -> None:
     with servers() as found:
         run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, found.nats_pid,
                        args.keep, not args.no_profile))  # fmt: skip
+    # The model adapters against their fakes (no database): CPU per call, ours and the SDK's.
+    print_figures(run_loop(all_figures(40 if args.quick else 200)))
     print(f"\ntotal time {perf() - started:.1f} s")
 
 
