@@ -33,6 +33,7 @@ from eventstore.errors import DispachError
 from gateways.channels import ChannelConfig
 from gateways.channels import build as build_channel
 from gateways.model import AnthropicModel, ScriptedModel, ScriptRule
+from runtime.manifest_v1 import is_v1, translate
 
 log = structlog.get_logger("dispach.agents")
 
@@ -90,7 +91,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_output_tokens: Positive = 4096
     api_key_env: str | None = None
     """The variable holding the API key (default ``ANTHROPIC_API_KEY``, or ``OPENAI_API_KEY``
-    for ``provider: openai``). A local OpenAI-compatible server needs none."""
+    for ``provider: openai``). A local OpenAI-compatible server needs none: ``""`` sends
+    none (with ``base_url``)."""
     base_url: str | None = None
     max_retries: Annotated[int, msgspec.Meta(ge=0, le=10)] = 2
     stall_timeout_s: Seconds = 120.0
@@ -113,6 +115,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     servers only know ``max_tokens``)."""
     stream_usage: bool = True
     """OpenAI-compatible endpoints: ask for token usage at the end of the stream."""
+    reasoning_field: Literal["auto", "reasoning_content", "reasoning", "none"] = "auto"
+    """OpenAI-compatible endpoints: where the server streams the model's reasoning
+    (``reasoning_content``: vLLM, DeepSeek, llama.cpp; ``reasoning``: OpenRouter)."""
 
     @property
     def key_env(self) -> str:
@@ -221,6 +226,10 @@ def decode(text: str | bytes, source: str) -> Manifest:
         raise ManifestError(f"{source} is not valid YAML: {e}", "fix the YAML syntax") from e
     if not isinstance(raw, dict):
         raise ManifestError(f"{source} must be a mapping of fields", "start with `id: my-agent`")
+    if is_v1(raw):  # written for the original Dispach: read as ours, saying what does not map
+        raw, notes = translate(raw)
+        for note in notes:
+            log.warning("manifest_v1_not_mapped", source=source, note=note)
     try:
         return msgspec.convert(raw, Manifest)
     except msgspec.ValidationError as e:
@@ -420,7 +429,7 @@ def _configuration(manifest: Manifest, model: Model, tools: ToolRegistry,
 
 
 def _model(agent_id: str, config: ModelConfig, env: dict[str, str], where: str) -> Model:
-    key = env.get(config.key_env)
+    key = env.get(config.key_env) if config.key_env else None
     provider = config.provider
     if provider == "auto":
         provider = "anthropic" if key else "scripted"
@@ -445,6 +454,7 @@ def _model(agent_id: str, config: ModelConfig, env: dict[str, str], where: str) 
             stall_timeout_s=config.stall_timeout_s,
             max_tokens_param=config.max_tokens_param,
             stream_usage=config.stream_usage,
+            reasoning_field=config.reasoning_field,
         )
     if not key:
         raise ManifestError(
