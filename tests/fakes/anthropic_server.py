@@ -5,11 +5,18 @@ It is a stdlib ``ThreadingHTTPServer`` speaking HTTP/1.1 with keep-alive; stream
 chunked transfer-encoding, one chunk per SSE event, so a client sees each event when it is sent
 (an ASGI transport would buffer the whole response and hide timing, stalls and drops).
 
-Each ``POST /v1/messages`` consumes one scripted item (``Reply``, ``HttpError`` or
-``StreamFault``) from a FIFO queue; with the queue empty, ``responder`` (if set) computes the
+Each ``POST /v1/messages`` consumes one scripted item (``Reply``, ``HttpError``, ``StreamFault``
+or ``RawStream``) from a FIFO queue; with the queue empty, ``responder`` (if set) computes the
 item from the request body, else ``default`` is answered. Requests are validated before an item
 is consumed, the way the real API rejects a request before generating anything, so a request
 answered with a 400 (or 401/404) leaves the script untouched.
+
+A ``Reply`` is an ordered list of content blocks of every type the API streams (``Text``,
+``Thinking``, ``Redacted``, ``ToolUse``, ``ServerToolUse`` and its result, ``Compaction``,
+``Unknown``; see ``_anthropic_blocks``), or the older shorthand of an optional thinking, a text
+and tool uses. What the fake issues opaque (thinking signatures, redacted data, compaction
+fields) it checks when it comes back (``_anthropic_checks``): a client that edits, invents or
+drops them is refused as the real API refuses it.
 
 Token counts are estimates: ``estimate_input_tokens(body)`` is the length of the canonical JSON
 of the prompt (tools, system, messages) divided by four, the same figure for
@@ -24,32 +31,81 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
+from tests.fakes._anthropic_blocks import (
+    Block,
+    CodeRun,
+    Compaction,
+    Cut,
+    Fetched,
+    Issuer,
+    Redacted,
+    SearchResult,
+    ServerResult,
+    ServerToolUse,
+    Text,
+    Thinking,
+    ToolError,
+    ToolUse,
+    Unknown,
+    WireBlock,
+    billed_server_tools,
+    cite_chars,
+    cite_search,
+    dumps_message,
+    wire_blocks,
+)
+from tests.fakes._anthropic_checks import (
+    MAX_CACHE_MARKERS,
+    REMOVED_SAMPLING_PARAMETERS,
+    validation_error,
+    window_error,
+)
+from tests.fakes._anthropic_prompt import Prompt, estimate_input_tokens, without_cache_control
 from tests.fakes._local_server import Handler, LocalServer
 
 __all__ = [
+    "MAX_CACHE_MARKERS",
+    "REMOVED_SAMPLING_PARAMETERS",
+    "Block",
+    "CodeRun",
+    "Compaction",
+    "Cut",
     "FakeAnthropic",
+    "Fetched",
     "HttpError",
+    "Issuer",
     "Item",
+    "RawStream",
     "Recorded",
+    "Redacted",
     "Reply",
+    "SearchResult",
+    "ServerResult",
+    "ServerToolUse",
     "StreamFault",
+    "Text",
+    "Thinking",
+    "ToolError",
     "ToolUse",
+    "Unknown",
+    "cite_chars",
+    "cite_search",
     "estimate_input_tokens",
     "without_cache_control",
 ]
 
 MESSAGES_PATH = "/v1/messages"
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
-MAX_CACHE_MARKERS = 4
 CACHE_LOOKBACK_BLOCKS = 20
-REMOVED_SAMPLING_PARAMETERS = ("temperature", "top_p", "top_k")
 
 _DEFAULT_MESSAGES = {
     "invalid_request_error": "Invalid request",
@@ -79,6 +135,7 @@ _STATUS_OF_TYPE = {
     "overloaded_error": 529,
 }
 _REASONS = {529: "Site Overloaded"}
+_REFUSED = {"type": "refusal", "category": None, "explanation": None}
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,33 +143,17 @@ _REASONS = {529: "Site Overloaded"}
 
 
 @dataclass(frozen=True)
-class ToolUse:
-    """One ``tool_use`` block. ``raw_json`` (if given) is sent verbatim instead of ``input``:
-    chunked into ``input_json_delta`` events when streaming, spliced into the body as the
-    ``input`` value otherwise. Use it to send malformed or invalid JSON."""
-
-    name: str
-    input: dict[str, Any] | None = None
-    raw_json: str | None = None
-    id: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.input is not None and self.raw_json is not None:
-            raise ValueError("ToolUse takes input or raw_json, not both")
-
-    def json_text(self) -> str:
-        """The tool input exactly as it goes on the wire."""
-        if self.raw_json is not None:
-            return self.raw_json
-        return json.dumps(self.input or {}, ensure_ascii=False)
-
-
-@dataclass(frozen=True)
 class Reply:
-    """A successful assistant message: an optional thinking block, a text block (if ``text``),
-    then one ``tool_use`` block per entry of ``tool_uses``.
+    """A successful assistant message: the blocks of ``content`` in order or, with no
+    ``content``, the shorthand of an optional thinking block, a text block (if ``text``), then
+    one ``tool_use`` block per entry of ``tool_uses``.
 
-    ``stop_reason`` defaults to ``"tool_use"`` if there are tool uses, else ``"end_turn"``.
+    ``stop_reason`` defaults to ``"max_tokens"`` if ``cut``, else ``"stop_sequence"`` if
+    ``stop_sequence``, else ``"tool_use"`` if there are tool uses, else ``"end_turn"``; any
+    string goes (``"refusal"``, ``"pause_turn"``, ``"model_context_window_exceeded"``). A
+    refusal's ``stop_details`` defaults to ``{"type": "refusal", "category": None, ...}``.
+    ``cut`` cuts the answer off part-way through one block (``Cut(block, chars)``).
+
     ``input_tokens`` (if given) is reported verbatim; by default it is the estimate minus the
     tokens read from or written to the emulated prompt cache. ``output_tokens`` defaults to a
     quarter of the characters generated. Text, thinking and tool JSON are streamed in deltas of
@@ -127,25 +168,43 @@ class Reply:
     chunk_size: int = 8
     event_delay: float = 0.0
     thinking: str | None = None
+    content: Sequence[Block] = ()
+    cut: Cut | None = None
+    stop_sequence: str | None = None
+    stop_details: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise ValueError("chunk_size must be at least 1")
         if self.event_delay < 0:
             raise ValueError("event_delay must not be negative")
+        if self.content and (self.text or self.tool_uses or self.thinking is not None):
+            raise ValueError("Reply takes content, or the text/thinking/tool_uses shorthand")
+
+    def blocks(self) -> list[Block]:
+        """The scripted blocks, in order."""
+        if self.content:
+            return list(self.content)
+        blocks: list[Block] = [] if self.thinking is None else [Thinking(self.thinking)]
+        return [*blocks, *([Text(self.text)] if self.text else []), *self.tool_uses]
 
     @property
     def effective_stop_reason(self) -> str:
         if self.stop_reason is not None:
             return self.stop_reason
-        return "tool_use" if self.tool_uses else "end_turn"
+        if self.cut is not None:
+            return "max_tokens"
+        if self.stop_sequence is not None:
+            return "stop_sequence"
+        return "tool_use" if any(isinstance(b, ToolUse) for b in self.blocks()) else "end_turn"
 
-    def estimated_output_tokens(self) -> int:
-        if self.output_tokens is not None:
-            return self.output_tokens
-        generated = len(self.text) + len(self.thinking or "")
-        generated += sum(len(tool.json_text()) for tool in self.tool_uses)
-        return max(1, generated // 4)
+    def delta(self) -> dict[str, Any]:
+        """The ``message_delta``'s ``delta`` (and the non-streaming answer's stop fields)."""
+        reason = self.effective_stop_reason
+        details = self.stop_details
+        if details is None and reason == "refusal":
+            details = _REFUSED
+        return {"stop_reason": reason, "stop_sequence": self.stop_sequence, "stop_details": details}
 
 
 @dataclass(frozen=True)
@@ -194,7 +253,30 @@ class StreamFault:
             raise ValueError(f"unknown fault kind {self.kind!r}")
 
 
-Item: TypeAlias = Reply | HttpError | StreamFault
+_FRAME = re.compile(r".*?(?:\r?\n\r?\n|\Z)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class RawStream:
+    """An SSE body sent verbatim as a ``200 text/event-stream`` (to streaming and non-streaming
+    requests alike), one chunk per event: a recorded stream replayed byte for byte, or one no
+    generator would make. ``event_delay`` seconds pass between chunks."""
+
+    text: str
+    event_delay: float = 0.0
+
+    @classmethod
+    def read(cls, path: str | Path, event_delay: float = 0.0) -> RawStream:
+        """The stream recorded in the file at ``path``, its line endings kept."""
+        with open(path, encoding="utf-8", newline="") as file:
+            return cls(file.read(), event_delay)
+
+    def frames(self) -> tuple[bytes, ...]:
+        """The body cut after each blank line: one event (and what it trails) per chunk."""
+        return tuple(m.group().encode() for m in _FRAME.finditer(self.text) if m.group())
+
+
+Item: TypeAlias = Reply | HttpError | StreamFault | RawStream
 Responder: TypeAlias = Callable[[dict[str, Any]], Item]
 
 
@@ -209,219 +291,6 @@ class Recorded:
     body: dict[str, Any]
     retry_count: int
     at: float
-
-
-# --------------------------------------------------------------------------------------------
-# Prompt analysis: validation, token estimates, cache prefixes
-
-
-def _canonical(value: object) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def without_cache_control(value: Any) -> Any:
-    """``value`` (a request body, or a part of one) with every ``cache_control`` marker taken
-    out: what the cache compares, where the markers sit being no part of a prefix's bytes."""
-    if isinstance(value, dict):
-        return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [without_cache_control(v) for v in value]
-    return value
-
-
-def _markers_in(value: Any) -> list[dict[str, Any]]:
-    """Every ``cache_control`` found in a block, nested ones (tool_result content) included."""
-    found: list[dict[str, Any]] = []
-    if isinstance(value, dict):
-        marker = value.get("cache_control")
-        if isinstance(marker, dict):
-            found.append(marker)
-        for key, inner in value.items():
-            if key != "cache_control":
-                found.extend(_markers_in(inner))
-    elif isinstance(value, list):
-        for inner in value:
-            found.extend(_markers_in(inner))
-    return found
-
-
-def _blocks_of(content: Any) -> list[Any]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if isinstance(content, list):
-        return content
-    return []
-
-
-@dataclass(frozen=True)
-class _Prompt:
-    """The prompt as a list of canonical segments (tools, then system, then message blocks);
-    its canonical JSON is ``"[" + ",".join(segments) + "]"``, so every cache prefix is a true
-    prefix of the text the estimate is taken from."""
-
-    segments: tuple[str, ...]
-    markers: tuple[tuple[int, str], ...]  # (index of the marked segment, ttl)
-    marker_count: int
-
-    @classmethod
-    def of(cls, body: dict[str, Any]) -> _Prompt:
-        segments: list[str] = []
-        markers: list[tuple[int, str]] = []
-        count = 0
-
-        def add(segment: list[Any], block: Any) -> None:
-            nonlocal count
-            found = _markers_in(block)
-            segments.append(_canonical([*segment, without_cache_control(block)]))
-            if found:
-                count += len(found)
-                markers.append((len(segments) - 1, str(found[-1].get("ttl", "5m"))))
-
-        tools = body.get("tools")
-        for tool in tools if isinstance(tools, list) else []:
-            add(["tool"], tool)
-        for block in _blocks_of(body.get("system")):
-            add(["system"], block)
-        messages = body.get("messages")
-        for index, message in enumerate(messages if isinstance(messages, list) else []):
-            if isinstance(message, dict):
-                for block in _blocks_of(message.get("content")):
-                    add(["message", index, message.get("role")], block)
-        automatic = body.get("cache_control")
-        if isinstance(automatic, dict) and segments:
-            count += 1
-            markers.append((len(segments) - 1, str(automatic.get("ttl", "5m"))))
-        return cls(tuple(segments), tuple(sorted(set(markers))), count)
-
-    def text(self, upto: int | None = None) -> str:
-        chosen = self.segments if upto is None else self.segments[: upto + 1]
-        closing = "]" if upto is None else ""
-        return "[" + ",".join(chosen) + closing
-
-    def tokens(self, upto: int | None = None) -> int:
-        return max(1, len(self.text(upto)) // 4)
-
-
-def estimate_input_tokens(body: dict[str, Any]) -> int:
-    """The fake's token estimate of a request's prompt: ``len(canonical JSON) // 4`` (at least
-    1), where the canonical JSON covers tools, system and messages without cache markers."""
-    return _Prompt.of(body).tokens()
-
-
-def _tool_pairing_error(messages: list[Any]) -> str | None:
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") != "assistant":
-            continue
-        use_ids = [
-            str(block.get("id"))
-            for block in _blocks_of(message.get("content"))
-            if isinstance(block, dict) and block.get("type") == "tool_use"
-        ]
-        following = messages[index + 1] if index + 1 < len(messages) else None
-        blocks = []
-        if isinstance(following, dict) and following.get("role") == "user":
-            blocks = [b for b in _blocks_of(following.get("content")) if isinstance(b, dict)]
-        result_ids = [str(b.get("tool_use_id")) for b in blocks if b.get("type") == "tool_result"]
-        leading = 0
-        while leading < len(blocks) and blocks[leading].get("type") == "tool_result":
-            leading += 1
-        if use_ids:
-            missing = [use_id for use_id in use_ids if use_id not in result_ids]
-            if missing:
-                return (
-                    f"messages.{index}: `tool_use` ids were found without `tool_result` blocks "
-                    f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
-                    "corresponding `tool_result` block in the next message."
-                )
-            if leading < len(use_ids):
-                return (
-                    f"messages.{index + 1}: Did not find {len(use_ids)} `tool_result` block(s) "
-                    "at the beginning of this message. Messages following `tool_use` blocks must "
-                    "begin with a matching number of `tool_result` blocks."
-                )
-        for position, block in enumerate(blocks):
-            wanted = str(block.get("tool_use_id"))
-            if block.get("type") == "tool_result" and wanted not in use_ids:
-                return (
-                    f"messages.{index + 1}.content.{position}: unexpected `tool_use_id` found in "
-                    f"`tool_result` blocks: {wanted}. Each `tool_result` block must have a "
-                    "corresponding `tool_use` block in the previous message."
-                )
-    first = messages[0] if messages else None
-    if isinstance(first, dict) and first.get("role") == "user":
-        for position, block in enumerate(_blocks_of(first.get("content"))):
-            if isinstance(block, dict) and block.get("type") == "tool_result":
-                return (
-                    f"messages.0.content.{position}: unexpected `tool_use_id` found in "
-                    f"`tool_result` blocks: {block.get('tool_use_id')}. Each `tool_result` block "
-                    "must have a corresponding `tool_use` block in the previous message."
-                )
-    return None
-
-
-def _window_error(prompt: int, max_tokens: int, window: int) -> str | None:
-    """The real API's 400 for a request that does not fit the model's context window: the
-    prompt alone, or the prompt with room for ``max_tokens`` of output."""
-    if prompt > window:
-        return f"prompt is too long: {prompt} tokens > {window} maximum"
-    if prompt + max_tokens > window:
-        return (
-            f"input length and `max_tokens` exceed context limit: {prompt} + {max_tokens} > "
-            f"{window}, decrease input length or `max_tokens` and try again"
-        )
-    return None
-
-
-def _field_error(body: dict[str, Any], *, needs_max_tokens: bool) -> str | None:
-    for name in REMOVED_SAMPLING_PARAMETERS:
-        if name in body:
-            return f"{name}: Extra inputs are not permitted"
-    if "model" not in body:
-        return "model: Field required"
-    if not isinstance(body["model"], str):
-        return "model: Input should be a valid string"
-    if needs_max_tokens:
-        if "max_tokens" not in body:
-            return "max_tokens: Field required"
-        max_tokens = body["max_tokens"]
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-            return "max_tokens: Input should be a valid integer"
-        if max_tokens < 0:
-            return "max_tokens: Input should be greater than or equal to 0"
-    return None
-
-
-def _messages_error(messages: Any) -> str | None:
-    if not isinstance(messages, list):
-        return "messages: Input should be a valid list"
-    if not messages:
-        return "messages: at least one message is required"
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            return f"messages.{index}: Input should be a valid dictionary"
-        if message.get("role") not in ("user", "assistant", "system"):
-            return f"messages.{index}.role: Input should be 'user', 'assistant' or 'system'"
-        if "content" not in message:
-            return f"messages.{index}.content: Field required"
-    return _tool_pairing_error(messages)
-
-
-def _validation_error(body: dict[str, Any], *, needs_max_tokens: bool) -> str | None:
-    """The message of the 400 the real API would give, or None if the body is acceptable."""
-    problem = _field_error(body, needs_max_tokens=needs_max_tokens)
-    if problem is None and "messages" not in body:
-        problem = "messages: Field required"
-    if problem is None:
-        problem = _messages_error(body["messages"])
-    if problem is not None:
-        return problem
-    found = _Prompt.of(body).marker_count
-    if found > MAX_CACHE_MARKERS:
-        return (
-            f"A maximum of {MAX_CACHE_MARKERS} blocks with cache_control may be provided. "
-            f"Found {found}."
-        )
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -460,7 +329,7 @@ class _JsonAnswer:
 
 @dataclass(frozen=True)
 class _StreamAnswer:
-    events: tuple[tuple[str, str], ...]  # (event name, data JSON)
+    frames: tuple[bytes, ...]  # one SSE event (with what trails it) each, sent as a chunk
     delay: float
     fault: StreamFault | None
 
@@ -496,125 +365,96 @@ def _http_error_answer(item: HttpError, request_id: str) -> _JsonAnswer:
     )
 
 
-def _invalid(message: str, request_id: str, status: int = 400) -> _JsonAnswer:
+def _invalid(
+    message: str, request_id: str, status: int = 400, code: str | None = None
+) -> _JsonAnswer:
     error_type = {401: "authentication_error", 404: "not_found_error"}.get(
         status, "invalid_request_error"
     )
-    return _JsonAnswer(status, _error_text(error_type, message, request_id))
-
-
-def _chunks(text: str, size: int) -> list[str]:
-    return [text[start : start + size] for start in range(0, len(text), size)]
-
-
-def _signature(thinking: str) -> str:
-    return hashlib.sha256(thinking.encode()).hexdigest()
-
-
-_RAW_PLACEHOLDER = "\x00fake-anthropic-raw-json-{}\x00"
+    return _JsonAnswer(status, _error_text(error_type, message, request_id, code))
 
 
 def _message_json(
-    reply: Reply, tools: list[ToolUse], message_id: str, model: str, usage: _Usage
+    reply: Reply, wired: list[WireBlock], message_id: str, model: str, usage: _Usage
 ) -> str:
-    content: list[dict[str, Any]] = []
-    if reply.thinking is not None:
-        signature = _signature(reply.thinking)
-        content.append({"type": "thinking", "thinking": reply.thinking, "signature": signature})
-    if reply.text:
-        content.append({"type": "text", "text": reply.text})
-    for position, tool in enumerate(tools):
-        tool_input: Any = tool.input or {}
-        if tool.raw_json is not None:
-            tool_input = _RAW_PLACEHOLDER.format(position)
-        content.append({"type": "tool_use", "id": tool.id, "name": tool.name, "input": tool_input})
-    text = json.dumps(
-        {
-            "id": message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": content,
-            "stop_reason": reply.effective_stop_reason,
-            "stop_sequence": None,
-            "stop_details": None,
-            "container": None,
-            "usage": usage.as_dict(reply.estimated_output_tokens()),
-        }
-    )
-    for position, tool in enumerate(tools):
-        if tool.raw_json is not None:
-            text = text.replace(json.dumps(_RAW_PLACEHOLDER.format(position)), tool.raw_json)
-    return text
+    message = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [block.render() for block in wired],
+        **reply.delta(),
+        "container": None,
+        "usage": _final_usage(reply, wired, usage, streamed=False),
+    }
+    return dumps_message(message, wired)
 
 
-def _stream_events(
-    reply: Reply, tools: list[ToolUse], message_id: str, model: str, usage: _Usage
-) -> tuple[tuple[str, str], ...]:
-    events: list[tuple[str, dict[str, Any]]] = []
-    start_usage = usage.as_dict(output_tokens=1)
-    events.append(
-        (
-            "message_start",
-            {
-                "type": "message_start",
-                "message": {
-                    "id": message_id,
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "stop_details": None,
-                    "usage": start_usage,
-                },
-            },
-        )
-    )
-    blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-    size = reply.chunk_size
-    if reply.thinking is not None:
-        deltas = [{"type": "thinking_delta", "thinking": c} for c in _chunks(reply.thinking, size)]
-        deltas.append({"type": "signature_delta", "signature": _signature(reply.thinking)})
-        blocks.append(({"type": "thinking", "thinking": "", "signature": ""}, deltas))
-    if reply.text:
-        deltas = [{"type": "text_delta", "text": c} for c in _chunks(reply.text, size)]
-        blocks.append(({"type": "text", "text": ""}, deltas))
-    for tool in tools:
-        pieces = ["", *_chunks(tool.json_text(), size)]
-        deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces]
-        blocks.append(({"type": "tool_use", "id": tool.id, "name": tool.name, "input": {}}, deltas))
-    if not blocks:
-        events.append(("ping", {"type": "ping"}))
-    for index, (start, deltas) in enumerate(blocks):
-        opening = {"type": "content_block_start", "index": index, "content_block": start}
-        events.append(("content_block_start", opening))
+def _output_tokens(reply: Reply, wired: list[WireBlock]) -> int:
+    if reply.output_tokens is not None:
+        return reply.output_tokens
+    return max(1, sum(block.generated for block in wired) // 4)
+
+
+def _final_usage(
+    reply: Reply, wired: list[WireBlock], usage: _Usage, *, streamed: bool
+) -> dict[str, Any]:
+    """The answer's usage; in a stream, the ``message_delta``'s cumulative counts (no cache
+    split, no tier), with ``server_tool_use`` when server tools ran."""
+    final = usage.as_dict(_output_tokens(reply, wired))
+    if streamed:
+        del final["cache_creation"], final["service_tier"]
+    server = billed_server_tools(wired)
+    if server is not None:
+        final["server_tool_use"] = server
+    return final
+
+
+def _frame(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
+
+
+def _stream_frames(
+    reply: Reply, wired: list[WireBlock], message_id: str, model: str, usage: _Usage
+) -> tuple[bytes, ...]:
+    message: dict[str, Any] = {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "stop_details": None,
+        "usage": usage.as_dict(output_tokens=1),
+    }
+    frames = [_frame("message_start", {"type": "message_start", "message": message})]
+    if not wired:
+        frames.append(_frame("ping", {"type": "ping"}))
+    for index, block in enumerate(wired):
+        start = {"type": "content_block_start", "index": index, "content_block": block.start()}
+        frames.append(_frame("content_block_start", start))
         if index == 0:
-            events.append(("ping", {"type": "ping"}))
-        events.extend(
-            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": d})
-            for d in deltas
+            frames.append(_frame("ping", {"type": "ping"}))
+        frames.extend(
+            _frame(
+                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": d}
+            )
+            for d in block.deltas(reply.chunk_size)
         )
-        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
-    final_usage = usage.as_dict(reply.estimated_output_tokens())
-    del final_usage["cache_creation"], final_usage["service_tier"]
-    events.append(
-        (
-            "message_delta",
-            {
-                "type": "message_delta",
-                "delta": {
-                    "stop_reason": reply.effective_stop_reason,
-                    "stop_sequence": None,
-                    "stop_details": None,
-                },
-                "usage": final_usage,
-            },
-        )
-    )
-    events.append(("message_stop", {"type": "message_stop"}))
-    return tuple((name, json.dumps(data, ensure_ascii=False)) for name, data in events)
+        closed = reply.cut is None or reply.cut.stop or index < len(wired) - 1
+        if closed:
+            frames.append(
+                _frame("content_block_stop", {"type": "content_block_stop", "index": index})
+            )
+    final = {
+        "type": "message_delta",
+        "delta": reply.delta(),
+        "usage": _final_usage(reply, wired, usage, streamed=True),
+    }
+    frames.append(_frame("message_delta", final))
+    frames.append(_frame("message_stop", {"type": "message_stop"}))
+    return tuple(frames)
 
 
 # --------------------------------------------------------------------------------------------
@@ -633,6 +473,7 @@ class FakeAnthropic(LocalServer):
         self.context_window: int | None = None
         """The model's window in tokens (None: unlimited): a request whose prompt estimate plus
         ``max_tokens`` exceeds it is refused with a 400, as the real API does."""
+        self._issuer = Issuer()
         self._script: deque[Item] = deque()
         self._requests: list[Recorded] = []
         self._cache: set[str] = set()
@@ -643,7 +484,7 @@ class FakeAnthropic(LocalServer):
     def script(self, *items: Item) -> None:
         """Queue items; each ``POST /v1/messages`` that passes validation takes the next one."""
         for item in items:
-            if not isinstance(item, Reply | HttpError | StreamFault):
+            if not isinstance(item, Reply | HttpError | StreamFault | RawStream):
                 raise TypeError(f"not a scripted item: {item!r}")
         with self._lock:
             self._script.extend(items)
@@ -655,12 +496,25 @@ class FakeAnthropic(LocalServer):
             return len(self._script)
 
     def reset(self) -> None:
-        """Forget the script, the request log, the prompt cache and the largest prompt."""
+        """Forget the script, the request log, the prompt cache and the largest prompt (the
+        issuer's secret stays: what the fake signed before is still taken back)."""
         with self._lock:
             self._script.clear()
             self._requests.clear()
             self._cache.clear()
             self._largest_prompt = 0
+
+    @property
+    def issuer(self) -> Issuer:
+        """What signs this fake's thinking, redacted data and compaction blocks (a secret of its
+        own): ``issuer.thinking_signature(text)`` and the like make a valid history by hand."""
+        return self._issuer
+
+    def problem_with(self, body: dict[str, Any], path: str = MESSAGES_PATH) -> str | None:
+        """The 400 message this fake would answer ``body`` with (None: it would take it), without
+        answering: to assert on a recorded request that a next one built like it is valid."""
+        refusal = validation_error(body, self._issuer, needs_max_tokens=path == MESSAGES_PATH)
+        return None if refusal is None else refusal.message
 
     # the request log ------------------------------------------------------------------------
 
@@ -739,7 +593,7 @@ class FakeAnthropic(LocalServer):
         prefix already written that ends at a marked block or at one of the
         ``CACHE_LOOKBACK_BLOCKS - 1`` blocks before it (so a marker that moves to the newest
         block still reads the previous turn's prefix). Written = longest new prefix - read."""
-        prompt = _Prompt.of(body)
+        prompt = Prompt.of(body)
         model = str(body.get("model"))
 
         def key(index: int) -> str:
@@ -785,9 +639,9 @@ class FakeAnthropic(LocalServer):
             return _invalid("invalid x-api-key", request_id, 401)
         if body is None:
             return _invalid("There was an error parsing the body: expected an object", request_id)
-        problem = _validation_error(body, needs_max_tokens=path == MESSAGES_PATH)
-        if problem is not None:
-            return _invalid(problem, request_id)
+        refusal = validation_error(body, self._issuer, needs_max_tokens=path == MESSAGES_PATH)
+        if refusal is not None:
+            return _invalid(refusal.message, request_id, code=refusal.code)
         prompt = estimate_input_tokens(body)
         if path == COUNT_TOKENS_PATH:
             return _JsonAnswer(200, json.dumps({"input_tokens": prompt}))
@@ -795,13 +649,15 @@ class FakeAnthropic(LocalServer):
             self._largest_prompt = max(self._largest_prompt, prompt)
             window = self.context_window
         if window is not None:
-            problem = _window_error(prompt, int(body["max_tokens"]), window)
+            problem = window_error(prompt, int(body["max_tokens"]), window)
             if problem is not None:
                 return _invalid(problem, request_id)
 
         item = self._next_item(body)
         if isinstance(item, HttpError):
             return _http_error_answer(item, request_id)
+        if isinstance(item, RawStream):
+            return _StreamAnswer(item.frames(), item.event_delay, None)
         reply = item.reply if isinstance(item, StreamFault) else item
         streaming = body.get("stream") is True
         if isinstance(item, StreamFault) and not streaming:
@@ -810,18 +666,15 @@ class FakeAnthropic(LocalServer):
                 message = _DEFAULT_MESSAGES.get(item.error_type, item.error_type)
                 return _JsonAnswer(status, _error_text(item.error_type, message, request_id))
             return _SilentAnswer(item.stall_seconds if item.kind == "stall" else 0.0)
-        tools = [
-            ToolUse(t.name, t.input, t.raw_json, t.id or f"toolu_01{secrets.token_hex(12)}")
-            for t in reply.tool_uses
-        ]
+        wired = wire_blocks(reply.blocks(), self._issuer, reply.cut)
         message_id = f"msg_01{secrets.token_hex(12)}"
         model = str(body["model"])
         usage = self._usage(body, reply)
         if not streaming:
-            return _JsonAnswer(200, _message_json(reply, tools, message_id, model, usage))
+            return _JsonAnswer(200, _message_json(reply, wired, message_id, model, usage))
         fault = item if isinstance(item, StreamFault) else None
-        events = _stream_events(reply, tools, message_id, model, usage)
-        return _StreamAnswer(events, reply.event_delay, fault)
+        frames = _stream_frames(reply, wired, message_id, model, usage)
+        return _StreamAnswer(frames, reply.event_delay, fault)
 
 
 class _Handler(Handler[FakeAnthropic]):
@@ -914,13 +767,13 @@ class _Handler(Handler[FakeAnthropic]):
             ],
         )
         fault = answer.fault
-        events = answer.events
-        point = len(events) if fault is None else min(fault.after_events, len(events))
-        for sent, (name, data) in enumerate(events[:point]):
+        frames = answer.frames
+        point = len(frames) if fault is None else min(fault.after_events, len(frames))
+        for sent, frame in enumerate(frames[:point]):
             if sent and answer.delay and stopping.wait(answer.delay):
                 self._drop()
                 return
-            self._chunk(f"event: {name}\ndata: {data}\n\n".encode())
+            self._chunk(frame)
         if fault is None:
             self._chunk(b"")
         else:
