@@ -49,3 +49,10 @@ async def record_call(args: dict[str, Any], ctx: Any) -> str:
         os.close(fd)
     await asyncio.sleep(float(args.get("seconds", 0)))
     return "recorded"
+
+
+def echo(args: dict[str, Any], ctx: object) -> str:
+    """Any tool a recorded stream calls (tests/test_sdk_streams_turns.py): says what it got."""
+    import json
+
+    return "called with " + json.dumps(args, sort_keys=True)

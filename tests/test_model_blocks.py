@@ -16,6 +16,7 @@ from runtime.node import Node
 from tests import fakes
 from tests.conftest import NodeFactory
 from tests.fakes import FakeAnthropic, Reply, ToolUse
+from tests.fakes import anthropic_server as fa
 from tests.turns import send, stop, wait_end
 
 fake_anthropic = fakes.fake_anthropic
@@ -193,3 +194,109 @@ async def test_a_stop_mid_thinking_keeps_no_reasoning_and_the_next_request_is_va
     body = fake_anthropic.message_requests()[-1].body
     assert all(b["type"] != "thinking" for b in blocks(body, "assistant"))
     assert [m["role"] for m in body["messages"]] == ["user"]
+
+
+SEARCH = "\n  server_tools:\n    - {name: web_search, max_uses: 3}"
+
+
+@pytest.mark.asyncio
+async def test_a_server_tool_is_recorded_counted_and_sent_back_whole_with_its_citations(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = fa.SearchResult(url="https://example.com/tides", title="Tide tables")
+    fake_anthropic.script(fa.Reply(content=[
+        fa.Text("Let me look that up."),
+        fa.ServerToolUse("web_search", {"query": "high tide today"}, result=[page]),
+        fa.Text("High tide is at 14:02.", citations=[fa.cite_search(page, "high tide 14:02")]),
+    ]))  # fmt: skip
+    node = await started(node_factory, fake_anthropic, monkeypatch, SEARCH)
+    events = await wait_end(node, (await send(node, "thinker", "when is high tide?")).turn_id)
+    end = end_of(events)
+    assert (end.reason, end.text) == ("final", "Let me look that up.High tide is at 14:02.")
+    (call,) = of(events, ToolCall)
+    (result,) = of(events, ToolResult)
+    assert (call.slug, call.server, call.args) == ("web_search", True, {"query": "high tide today"})
+    assert (result.call_id, result.server, result.ok) == (call.call_id, True, True)
+    assert result.output == "Tide tables <https://example.com/tides>"
+    assert result.trust == "untrusted"  # a web page: mutating calls after it need approval
+    (model_result,) = of(events, ModelResult)
+    assert model_result.server_tool_requests == {"web_search_requests": 1}
+    first = fake_anthropic.message_requests()[0].body
+    assert {"type": "web_search_20250305", "name": "web_search", "max_uses": 3} in first["tools"]
+    fake_anthropic.script(fa.Reply(text="You're welcome."))
+    await wait_end(node, (await send(node, "thinker", "thanks")).turn_id)
+    body = fake_anthropic.message_requests()[-1].body
+    sent = fa.without_cache_control(blocks(body, "assistant"))  # our breakpoint aside
+    assert [b["type"] for b in sent] == [
+        "text", "server_tool_use", "web_search_tool_result", "text"
+    ]  # fmt: skip
+    assert sent == model_result.content  # byte for byte as the model sent them
+    assert sent[3]["citations"][0]["url"] == "https://example.com/tides"
+    assert all(b["type"] != "tool_result" for b in blocks(body, "user"))
+
+
+@pytest.mark.asyncio
+async def test_pause_turn_sends_the_paused_reply_back_and_the_turn_goes_on(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page = fa.SearchResult(url="https://example.com/a", title="A")
+    fake_anthropic.script(
+        fa.Reply(content=[fa.ServerToolUse("web_search", {"query": "a"}, result=[page])],
+                 stop_reason="pause_turn"),
+        fa.Reply(text="Done searching."),
+    )  # fmt: skip
+    node = await started(node_factory, fake_anthropic, monkeypatch, SEARCH)
+    events = await wait_end(node, (await send(node, "thinker", "search a")).turn_id)
+    end = end_of(events)
+    assert (end.reason, end.steps, end.text) == ("final", 2, "Done searching.")
+    second = fake_anthropic.message_requests()[1].body
+    assert second["messages"][-1]["role"] == "assistant"
+    assert [b["type"] for b in second["messages"][-1]["content"]] == [
+        "server_tool_use", "web_search_tool_result"
+    ]  # fmt: skip
+
+
+@pytest.mark.asyncio
+async def test_compaction_redacted_thinking_and_unknown_blocks_go_back_as_they_came(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(fa.Reply(content=[
+        fa.Redacted(),
+        fa.Thinking("Short thought."),
+        fa.Compaction("The person asked about tides; we found 14:02."),
+        fa.Unknown("hologram", {"frames": [1, 2, 3], "note": "from the future"}),
+        fa.Text("Here we are."),
+    ]))  # fmt: skip
+    node = await started(node_factory, fake_anthropic, monkeypatch, THINKING)
+    events = await wait_end(node, (await send(node, "thinker", "recap")).turn_id)
+    end = end_of(events)
+    assert (end.reason, end.text) == ("final", "Here we are.")
+    assert chunks(events, "reasoning") == "Short thought."
+    (result,) = of(events, ModelResult)
+    assert [b["type"] for b in result.content or []] == [
+        "redacted_thinking", "thinking", "compaction", "hologram", "text"
+    ]  # fmt: skip
+    compaction = (result.content or [])[2]
+    assert compaction["content"] == "The person asked about tides; we found 14:02."
+    assert compaction["encrypted_content"]
+    fake_anthropic.script(fa.Reply(text="Still here."))
+    await wait_end(node, (await send(node, "thinker", "and now?")).turn_id)
+    body = fake_anthropic.message_requests()[-1].body
+    sent = fa.without_cache_control(blocks(body, "assistant"))
+    assert sent == result.content  # and the fake checked each one as the API would
+
+
+@pytest.mark.asyncio
+async def test_a_tool_call_cut_off_without_its_block_stop_is_never_run(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_anthropic.script(fa.Reply(
+        content=[fa.Text("Saving it."),
+                 fa.ToolUse("session_notes", {"action": "append", "text": "a long note"})],
+        cut=fa.Cut(block=1, chars=14, stop=False),
+    ))  # fmt: skip
+    node = await started(node_factory, fake_anthropic, monkeypatch)
+    events = await wait_end(node, (await send(node, "thinker", "note: a long note")).turn_id)
+    end = end_of(events)
+    assert (end.reason, end.text) == ("truncated", "Saving it.")
+    assert of(events, ToolCall) == []

@@ -84,6 +84,12 @@ class Issuer:
 
     def __init__(self, secret: bytes | None = None) -> None:
         self._secret = secret if secret is not None else secrets.token_bytes(32)
+        self._vouched: set[tuple[str, str, str]] = set()
+
+    def vouch(self, purpose: str, value: str, text: str = "") -> None:
+        """Take ``value`` back as if issued for ``text``: a value the real API issued, in a
+        recorded stream replayed through the fake (the API knows its own signatures)."""
+        self._vouched.add((purpose, value, text))
 
     def _mac(self, purpose: str, nonce: bytes, text: str) -> bytes:
         message = purpose.encode() + b"\x00" + nonce + text.encode()
@@ -97,6 +103,8 @@ class Issuer:
         """Whether ``value`` is what ``issue(purpose, text)`` gave (for any nonce)."""
         if not isinstance(value, str):
             return False
+        if (purpose, value, text) in self._vouched:
+            return True
         try:
             raw = base64.b64decode(value, validate=True)
         except ValueError:
