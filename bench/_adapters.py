@@ -160,14 +160,35 @@ def msgspec_replace(request: ModelRequest, **changes: Any) -> ModelRequest:
     return msgspec.structs.replace(request, **changes)
 
 
+async def openai_figures(calls: int = CALLS) -> Figures:
+    from gateways.model.openai import OpenAIModel, _read, chat_messages, function_tools
+    from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
+
+    reply = Reply(text=TEXT, reasoning=THINKING, tool_calls=[ToolCall("calculator", TOOL_INPUT)],
+                  chunk_size=12)  # fmt: skip
+    with FakeOpenAI() as fake:
+        fake.default = reply
+        model = OpenAIModel("bench-model", api_key="bench", base_url=fake.url + "/v1")
+        request = msgspec_replace(REQUEST, reasoning=Reasoning(effort="medium"))
+        body = {"model": "bench-model", "max_completion_tokens": 4096, "stream": True,
+                "stream_options": {"include_usage": True}, "reasoning_effort": "medium",
+                "messages": chat_messages(REQUEST.system, REQUEST.messages),
+                "tools": function_tools(REQUEST.tools)}  # fmt: skip
+        headers = {"authorization": "Bearer bench"}
+        url = fake.url + "/v1/chat/completions"
+        chunks = await _recorded(url, headers, body)
+        baseline = await _baseline(url, headers, body, calls)
+        adapter = await _cpu_per_call(lambda: _drain(model.stream(request)), calls)
+        ours = await _cpu_per_call(lambda: _drain(_read(_Replayed(chunks), 0.0, "auto")), calls)
+        completed = await _drain(model.stream(request))
+        await model.aclose()
+    deltas = sum(chunk.count(b"data: ") for chunk in chunks)
+    assert any(b.get("type") == "tool_use" for b in completed.content)
+    return Figures("openai", deltas, sum(map(len, chunks)), baseline, adapter, ours)
+
+
 async def all_figures(calls: int = CALLS) -> list[Figures]:
-    figures = [await anthropic_figures(calls)]
-    try:
-        from _adapters_openai import openai_figures
-    except ImportError:
-        return figures
-    figures.append(await openai_figures(calls))
-    return figures
+    return [await anthropic_figures(calls), await openai_figures(calls)]
 
 
 def print_figures(figures: list[Figures]) -> None:
