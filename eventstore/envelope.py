@@ -105,6 +105,9 @@ class WireEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, r
     cursor: str
     position: int
     ts: str
+    runtime_id: str | None = None
+    """v1's ``runtimeId``: here the id of the node that serves the stream (any node serves any
+    event, whoever wrote it), so a reader can tell which node it is attached to."""
     type: str
     data: msgspec.Raw
     agent_id: str | None = None
@@ -117,7 +120,8 @@ class WireEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, r
 _WIRE = msgspec.json.Encoder()
 
 
-def to_wire(recorded: RecordedEvent) -> WireEvent:
+def to_wire(recorded: RecordedEvent, runtime_id: str | None = None) -> WireEvent:
+    """The public envelope of ``recorded``, as served by the node ``runtime_id``."""
     meta = recorded.metadata
     return WireEvent(
         v=1,
@@ -125,6 +129,7 @@ def to_wire(recorded: RecordedEvent) -> WireEvent:
         cursor=recorded.checkpoint.cursor(),
         position=recorded.position,
         ts=recorded.recorded_at.isoformat().replace("+00:00", "Z"),
+        runtime_id=runtime_id,
         type=recorded.type,
         data=msgspec.Raw(public_data(recorded.data)),
         agent_id=meta.agent_id,
@@ -135,6 +140,6 @@ def to_wire(recorded: RecordedEvent) -> WireEvent:
     )
 
 
-def encode_wire(recorded: RecordedEvent) -> bytes:
+def encode_wire(recorded: RecordedEvent, runtime_id: str | None = None) -> bytes:
     """The JSON of the public envelope: tool arguments and outputs are never in it."""
-    return _WIRE.encode(to_wire(recorded))
+    return _WIRE.encode(to_wire(recorded, runtime_id))

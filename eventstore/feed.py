@@ -34,6 +34,8 @@ log = structlog.get_logger("dispach.feed")
 
 _PAGE = 500
 CHUNK = "model.chunk"
+REASONING = "reasoning"
+"""The ``kind`` of a ``model.chunk`` that carries the model's thinking, not its answer."""
 
 
 class Scope(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,10 +48,15 @@ class Scope(msgspec.Struct, frozen=True, kw_only=True):
     agents: frozenset[str] | None = None
     """The agents the reader may see at all (a scoped token); None means every agent."""
     chunks: bool = True
-    """Whether ``model.chunk`` events (text deltas) are wanted."""
+    """Whether ``model.chunk`` events of kind ``text`` (the answer's deltas) are wanted."""
+    reasoning: bool = False
+    """Whether ``model.chunk`` events of kind ``reasoning`` (the model's thinking) are wanted:
+    only when asked, whatever ``chunks`` says; thinking is not part of the answer."""
 
     def matches(self, event: RecordedEvent) -> bool:
-        if not self.chunks and event.type == CHUNK:
+        if event.type == CHUNK and not (
+            self.reasoning if getattr(event.data, "kind", "text") == REASONING else self.chunks
+        ):
             return False
         meta = event.metadata
         if self.turn_id is not None and meta.turn_id != self.turn_id:

@@ -26,6 +26,38 @@ from eventstore.projection import Projection, Statement
 from eventstore.schedules import SchedulesProjection
 
 
+def reasoning_of(result: ModelResult) -> str:
+    """What the model thought in one call: the texts of its ``thinking`` blocks, a blank line
+    between blocks (a ``redacted_thinking`` block has no text to show). Nothing for a reply the
+    turn discarded and asked again (``model.truncation: retry``): it is not part of the turn."""
+    if result.discarded or not result.content:
+        return ""
+    texts = [block.get("thinking") for block in result.content if block.get("type") == "thinking"]
+    return "\n\n".join(text for text in texts if isinstance(text, str) and text)
+
+
+# Every call adds its tokens to the turn's (prompt tokens too: what the turn read in all, as the
+# output and cache figures are). A call with thinking also appends it to the turn's `reasoning`,
+# after a blank line (concat_ws skips the NULL of a turn that has none yet); a call without
+# leaves the column out, so a long reasoning is not rewritten by every later call of the turn.
+_MODEL_RESULT = """UPDATE turns SET steps = steps + 1, prompt_tokens = prompt_tokens + %s,
+                          output_tokens = output_tokens + %s,
+                          cache_read_tokens = cache_read_tokens + %s,
+                          cache_write_tokens = cache_write_tokens + %s,
+                          calls = calls || %s,
+                          state = 'running', last_position = %s
+                    WHERE turn_id = %s AND status = 'running'"""
+_MODEL_RESULT_THINKING = """UPDATE turns
+                      SET reasoning = concat_ws(E'\\n\\n', nullif(reasoning, ''), %s::text),
+                          steps = steps + 1, prompt_tokens = prompt_tokens + %s,
+                          output_tokens = output_tokens + %s,
+                          cache_read_tokens = cache_read_tokens + %s,
+                          cache_write_tokens = cache_write_tokens + %s,
+                          calls = calls || %s,
+                          state = 'running', last_position = %s
+                    WHERE turn_id = %s AND status = 'running'"""
+
+
 class TurnsProjection:
     """The turn resource: ``status`` is ``running`` until ``turn.end``, then its reason."""
 
@@ -78,16 +110,12 @@ class TurnsProjection:
                     )
                 ]
             case ModelResult() as r:
+                thought = reasoning_of(r)
                 return [
                     (
-                        """UPDATE turns SET steps = steps + 1, prompt_tokens = %s,
-                                  output_tokens = output_tokens + %s,
-                                  cache_read_tokens = cache_read_tokens + %s,
-                                  cache_write_tokens = cache_write_tokens + %s,
-                                  calls = calls || %s,
-                                  state = 'running', last_position = %s
-                            WHERE turn_id = %s AND status = 'running'""",
+                        _MODEL_RESULT_THINKING if thought else _MODEL_RESULT,
                         [
+                            *([thought] if thought else []),
                             r.prompt_tokens,
                             r.output_tokens,
                             r.cache_read_tokens,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import typing
+from collections.abc import Callable
 from datetime import datetime
 from importlib import resources
 from typing import Any, Protocol
@@ -42,6 +43,7 @@ from gateways.schemas import (
     DeliveryInfo,
     EventsPage,
     MessageBody,
+    SkillList,
     StopAnswer,
     TurnPage,
     TurnResource,
@@ -235,12 +237,21 @@ async def read_body(request: Request, max_bytes: int | None = None) -> bytes:
     return raw
 
 
-def decode_body(raw: bytes, kind: type[Any]) -> Any:
+def decode_body(
+    raw: bytes,
+    kind: type[Any],
+    refine: Callable[[str | None, str], Refused | None] | None = None,
+) -> Any:
+    """``raw`` decoded as ``kind``, else ``400 request_body_invalid`` naming the field, or the
+    refusal ``refine`` gives for that field and error (a code of its own, v1's)."""
     try:
         return msgspec.json.decode(raw or b"{}", type=kind)
     except msgspec.ValidationError as e:
         text = str(e)
-        field = _field_of(text)
+        field = ingress.field_of(text)
+        problem = refine(field, text) if refine is not None else None
+        if problem is not None:
+            raise refused(problem) from e
         raise ApiError(
             400,
             "request_body_invalid",
@@ -255,16 +266,6 @@ def decode_body(raw: bytes, kind: type[Any]) -> Any:
             f"the body is not JSON: {e}",
             "send a JSON object with Content-Type: application/json",
         ) from e
-
-
-def _field_of(error: str) -> str | None:
-    """The field a msgspec validation error is about: ``… - at `$.a.b``` and, for a missing
-    field, ``Object missing required field `x```."""
-    at = error.split("`$.", 1)[1].split("`", 1)[0] if "`$." in error else None
-    if "missing required field `" in error:
-        missing = error.split("missing required field `", 1)[1].split("`", 1)[0]
-        return f"{at}.{missing}" if at else missing
-    return at
 
 
 def int_param(request: Request, name: str, default: int, low: int, high: int, code: str) -> int:
@@ -361,10 +362,38 @@ async def get_agent(request: Request) -> Response:
     return json_response(agent(request))
 
 
+async def agent_tools(request: Request) -> Response:
+    """``GET …/tools``: the agent's tools as v1 lists them, with their policy and timeout."""
+    return json_response(agent(request).tool_list)
+
+
+async def agent_skills(request: Request) -> Response:
+    """``GET …/skills``: v1 0.1.0's answer for a runtime without skills. ``supported: false``
+    says the runtime has none, which an empty list alone would not."""
+    agent(request)
+    return json_response(SkillList(skills=[], supported=False))
+
+
+async def reload_agent(request: Request) -> Response:
+    """``POST …/reload``: refused, as v1 0.1.0 refuses it. An agent is built once per node
+    start; its pinned prompt prefix (instructions, tools) must stay byte-stable for the
+    provider's cache and for every session's turns, so a live reload would change a
+    conversation under it. A restart (or a rolling restart of the cluster) loads the manifest."""
+    found = agent(request)
+    raise ApiError(
+        501,
+        "reload_not_supported",
+        f"agent {found.id!r} cannot be reloaded while the node runs: an agent's manifest is "
+        "read once, at the node's start",
+        "restart the node to load a changed manifest; in a cluster, roll it: start nodes with "
+        "the new manifest, then stop the old ones one by one (SIGTERM drains them)",
+    )
+
+
 async def post_message(request: Request) -> Response:
     """Accept a message as a turn: ``202`` once its turn.start is committed."""
     target = agent(request)
-    body: MessageBody = decode_body(await read_body(request), MessageBody)
+    body: MessageBody = decode_body(await read_body(request), MessageBody, ingress.shape_refused)
     message = ingress.IngressMessage(
         text=body.text,
         session_key=body.session_key,
@@ -403,6 +432,7 @@ def accepted_response(
             result.turn_id,
             after=START,
             chunks=body.chunks,
+            reasoning=body.reasoning,
             status=200 if result.replayed else 202,
             accepted=answer,
         )
@@ -443,7 +473,7 @@ async def list_turns(request: Request) -> Response:
                 "pass the nextBefore of the previous page",
                 "before",
             )
-        before_at = rows[0][14]
+        before_at = turn_resource(rows[0]).started_at
     rows = await fetch(
         request,
         "turns",
@@ -494,5 +524,6 @@ async def turn_events(request: Request) -> Response:
         events = await store_of(request).aread_turn(turn.turn_id, after, limit)
     except StoreError as e:
         raise store_error(e) from e
-    page = [to_wire(e) for e in events]
+    node = runtime(request).node_id
+    page = [to_wire(e, node) for e in events]
     return json_response(EventsPage(events=page, next=page[-1].cursor if page else None))

@@ -95,6 +95,39 @@ async def request(
     return msgspec.convert(decoded, Accepted)
 
 
+# The fields whose misfit has a code of its own (Dispach v1's), whatever door the message came
+# through: the code, and what a fitting value looks like.
+_SHAPES = {
+    "deliver": ("deliver_invalid",
+                'send {"channel": "<a channel of the agent>", "to": "<recipient>"}, or leave it '
+                "out for no delivery: a bare channel id names no recipient"),
+    "from": ("sender_invalid",
+             'send {"id": "<who sent it>", "name": "<optional>", "kind": "user" or "agent"}'),
+}  # fmt: skip
+
+
+def field_of(error: str) -> str | None:
+    """The field a msgspec validation error is about: ``… - at `$.a.b``` and, for a missing
+    field, ``Object missing required field `x```."""
+    at = error.split("`$.", 1)[1].split("`", 1)[0] if "`$." in error else None
+    if "missing required field `" in error:
+        missing = error.split("missing required field `", 1)[1].split("`", 1)[0]
+        return f"{at}.{missing}" if at else missing
+    return at
+
+
+def shape_refused(field: str | None, detail: str) -> Refused | None:
+    """The refusal of a message whose ``deliver`` or ``from`` does not fit its type
+    (``deliver_invalid``, ``sender_invalid``, as v1 answers), given the field the decoder
+    named and its words; None for any other field (each door's generic refusal)."""
+    shape = _SHAPES.get((field or "").split(".", 1)[0])
+    if shape is None:
+        return None
+    code, hint = shape
+    return Refused(code=code, message=f"`{field}` does not fit: {detail}", hint=hint,
+                   field=field)  # fmt: skip
+
+
 def session_key_problem(key: str) -> Refused | None:
     """Why ``key`` cannot name a session (checked by :func:`check`, and where a session is
     named without a message: stream tokens), or None."""
@@ -177,12 +210,11 @@ class Ingress:
         try:
             message = _DECODE.decode(data)
         except msgspec.DecodeError as e:
-            field = None
-            if isinstance(e, msgspec.ValidationError) and "`$." in str(e):
-                field = str(e).split("`$.", 1)[1].rstrip("`")
-            return Refused(code="invalid_message", message=f"the message is not valid: {e}",
-                           hint='send JSON like {"text": "hello", "sessionKey": "api:default"}',
-                           field=field)  # fmt: skip
+            field = field_of(str(e)) if isinstance(e, msgspec.ValidationError) else None
+            return shape_refused(field, str(e)) or Refused(
+                code="invalid_message", message=f"the message is not valid: {e}",
+                hint='send JSON like {"text": "hello", "sessionKey": "api:default"}',
+                field=field)  # fmt: skip
         return check(message) or await submit(self._commands, agent_id, message)
 
 

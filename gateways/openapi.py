@@ -30,9 +30,12 @@ from gateways.schemas import (
     Health,
     MessageBody,
     MessagePage,
+    PhaseBody,
     Ready,
     SessionSummary,
+    SkillList,
     StopAnswer,
+    ToolInfo,
     TurnPage,
     TurnResource,
 )
@@ -59,15 +62,19 @@ _TYPES: tuple[Any, ...] = (
     Health,
     MessageBody,
     MessagePage,
+    PhaseBody,
     Ready,
     SessionSummary,
+    SkillList,
     StopAnswer,
+    ToolInfo,
     TurnPage,
     TurnResource,
     WireEvent,
     ErrorEnvelope,
     list[AgentInfo],
     list[SessionSummary],
+    list[ToolInfo],
     TokenRequest,
     IssuedToken,
 )
@@ -82,6 +89,8 @@ _ERRORS = {
     "409": "The resource is in a state that refuses this (the code says which)",
     "413": "The body is over the size cap",
     "415": "A request body must be `application/json`",
+    "501": "Dispach v1 has this operation; this runtime deliberately does not (the code and "
+    "hint say why and what to do instead)",
     "503": "The node is not ready (`not_ready`), or Postgres (`store_unavailable`) or NATS "
     "(`nats_unavailable`) is down: nothing was done, retry after `Retry-After` seconds",
     "504": "The session did not accept the message in time: `accepted` is `unknown` (with an "
@@ -278,6 +287,14 @@ def _paths() -> dict[str, Any]:
     chunks = _param(
         "chunks", "query", "Include model.chunk text deltas", {"type": "boolean"}, required=False
     )
+    reasoning = _param(
+        "reasoning",
+        "query",
+        "Include model.chunk deltas of the model's thinking (kind `reasoning`), with or "
+        "without `chunks`",
+        {"type": "boolean"},
+        required=False,
+    )
     types = _param(
         "types",
         "query",
@@ -318,6 +335,28 @@ def _paths() -> dict[str, Any]:
         },
         agent: {
             "get": _op("One agent", {"200": _json(_ref(AgentDetail), "The agent")}, params=[AGENT])
+        },
+        agent + "/tools": {
+            "get": _op(
+                "The agent's tools, in the order the model reads them",
+                {"200": _json({"type": "array", "items": _ref(ToolInfo)}, "Tools")},
+                params=[AGENT],
+            )
+        },
+        agent + "/skills": {
+            "get": _op(
+                "Skills: none, this runtime has none (`supported: false`, as Dispach v1 0.1.0)",
+                {"200": _json(_ref(SkillList), "No skills")},
+                params=[AGENT],
+            )
+        },
+        agent + "/reload": {
+            "post": _op(
+                "Reload the agent's manifest: refused (an agent is built once per node start)",
+                {"501": _json(_ref(ErrorEnvelope), "`reload_not_supported`: restart the node")},
+                params=[AGENT],
+                errors=("401", "404", "503"),
+            )
         },
         agent + "/messages": {
             "post": _op(
@@ -444,7 +483,7 @@ def _paths() -> dict[str, Any]:
                         "turn's `turn.end`: nothing more will come (an EventSource stops)"
                     },
                 },
-                params=[AGENT, TURN, AFTER, chunks, types],
+                params=[AGENT, TURN, AFTER, chunks, reasoning, types],
             )
         },
         "/v1/events": {
@@ -457,6 +496,7 @@ def _paths() -> dict[str, Any]:
                     types,
                     AFTER,
                     chunks,
+                    reasoning,
                 ],
             )
         },
@@ -558,6 +598,16 @@ def _paths() -> dict[str, Any]:
                 body=None,
                 errors=("400", "401", "404", "413", "503"),
                 open_=True,
+            )
+        },
+        session + "/phase": {
+            "post": _op(
+                "Set the session's phase (Dispach v1): checked, then refused, since this "
+                "runtime has no phases",
+                {"501": _json(_ref(ErrorEnvelope), "`phases_not_supported`")},
+                params=[AGENT, KEY],
+                body=PhaseBody,
+                errors=("400", "401", "404", "413", "415", "503"),
             )
         },
         session + "/messages": {

@@ -33,6 +33,9 @@ class MessageBody(_Body, frozen=True):
     """Answer ``202`` with the turn's SSE stream as the body (Dispach v1)."""
     chunks: bool = False
     """With ``stream``: include ``model.chunk`` text deltas."""
+    reasoning: bool = False
+    """With ``stream``: include ``model.chunk`` deltas of the model's thinking (kind
+    ``reasoning``), with or without ``chunks``."""
     sender: Sender | None = msgspec.field(default=None, name="from")
 
 
@@ -84,6 +87,9 @@ class TurnResource(_Body, frozen=True):
     source: str
     input: str
     text: str
+    reasoning: str
+    """What the model thought (its thinking blocks' texts, calls apart by a blank line); empty
+    when it did not think or its provider shows none (a redacted block)."""
     steps: int
     attempt: int
     prompt_tokens: int
@@ -122,9 +128,37 @@ class StopAnswer(_Body, frozen=True):
 
 
 class ToolInfo(_Body, frozen=True):
+    """A tool of an agent (``GET …/tools``: v1's ``slug, summary, mutating, trust, provider``;
+    ``policy`` and ``timeoutS`` ours). No field has a default, so every one is always sent: v1
+    clients read ``trust`` and ``provider`` without a fallback."""
+
     slug: str
     summary: str
     mutating: bool
+    trust: Literal["trusted", "untrusted"]
+    """``untrusted``: what it returns comes from outside (``untrusted_output``), so the turn's
+    mutating calls after it need approval."""
+    provider: str
+    """Where the tool runs: ``local`` (in the node: built-ins and Python tools)."""
+    policy: Literal["allow", "deny", "ask"]
+    """``ask``: each call waits for a person's approval; ``deny``: never run."""
+    timeout_s: float
+    """Seconds a call may run (the tool's own, else the agent's ``limits.tool_timeout_s``)."""
+
+
+class SkillList(_Body, frozen=True):
+    """``GET …/skills``: this runtime has no skills (v1 0.1.0's answer, which says so rather
+    than an empty list a client would read as "this agent has none")."""
+
+    skills: list[dict[str, Any]]
+    supported: bool
+
+
+class PhaseBody(_Body, frozen=True):
+    """``POST …/sessions/{key}/phase`` (v1): a phase name, or null to clear it. Checked, then
+    refused: this runtime has no phases."""
+
+    phase: str | None
 
 
 class AgentInfo(_Body, frozen=True):
@@ -193,6 +227,9 @@ class MessagePage(_Body, frozen=True):
 
 class ClearedBody(_Body, frozen=True):
     cleared: str
+    memory_files_kept: bool
+    """v1's flag that the agent's memory files outlived the clear. Always false here: there are
+    no memory files, and the session's notes go with its history."""
 
 
 class Health(_Body, frozen=True):

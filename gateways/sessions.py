@@ -10,9 +10,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.messages import ClearSession, Refused
-from gateways.api import MAX_PAGE, ApiError, agent, commands_of, fetch, int_param, refused
+from gateways.api import (
+    MAX_PAGE,
+    ApiError,
+    agent,
+    commands_of,
+    decode_body,
+    fetch,
+    int_param,
+    read_body,
+    refused,
+)
 from gateways.errors import json_response
-from gateways.schemas import ClearedBody, MessagePage, SessionSummary, StoredMessage
+from gateways.schemas import ClearedBody, MessagePage, PhaseBody, SessionSummary, StoredMessage
 
 
 async def list_sessions(request: Request) -> Response:
@@ -125,4 +135,27 @@ async def clear_session(request: Request) -> Response:
     )
     if isinstance(result, Refused):
         raise refused(result)
-    return json_response(ClearedBody(cleared=result.session_key))
+    return json_response(ClearedBody(cleared=result.session_key, memory_files_kept=False))
+
+
+PHASE_INVALID = Refused(code="phase_invalid",
+                        message="`phase` must be a string, or null to clear it",
+                        hint='send {"phase": "triage"} or {"phase": null}',
+                        field="phase")  # fmt: skip
+
+
+async def set_phase(request: Request) -> Response:
+    """``POST …/sessions/{key}/phase``: checked as v1 checks it (``400 phase_invalid``), then
+    refused with ``501 phases_not_supported``. There are no phases here (no tool is scoped to
+    one), so storing a session's phase would record a setting that changes nothing; a client
+    told it was stored would believe it did."""
+    agent_id = agent(request).id
+    decode_body(await read_body(request, 10_000), PhaseBody, lambda field, text: PHASE_INVALID)
+    raise ApiError(
+        501,
+        "phases_not_supported",
+        f"agent {agent_id!r} has no phases: this runtime does not scope tools by phase, so "
+        "a session's phase would change nothing",
+        "leave the phase out: every tool of the agent is visible in every session "
+        f"(GET /v1/agents/{agent_id}/tools lists them)",
+    )

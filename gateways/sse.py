@@ -57,6 +57,10 @@ class Replay(msgspec.Struct, frozen=True, rename="camel"):
     truncated: bool
     dropped: int
     chunks: str
+    reasoning: bool
+    """Ours: ``model.chunk`` deltas of the model's thinking follow too."""
+    implied: bool
+    """``chunks`` is on because ``types`` names ``model.chunk``, not because it was asked."""
     from_: str | None = msgspec.field(name="from")
     to: str | None
 
@@ -72,6 +76,8 @@ class Subscribed(msgspec.Struct, frozen=True, rename="camel"):
     session_key: str | None
     types: list[str] | None
     chunks: bool
+    reasoning: bool
+    implied: bool
     after: str | None
 
 
@@ -80,8 +86,8 @@ def frame(event: str, data: bytes, cursor: str | None = None) -> bytes:
     return head.encode() + b"data: " + data + b"\n\n"
 
 
-def event_frame(event: RecordedEvent) -> bytes:
-    return frame(event.type, encode_wire(event), event.checkpoint.cursor())
+def event_frame(event: RecordedEvent, node: str) -> bytes:
+    return frame(event.type, encode_wire(event, node), event.checkpoint.cursor())
 
 
 PING = b": ping\n\n"
@@ -102,7 +108,12 @@ def types_param(request: Request) -> frozenset[str] | None:
     raw = request.query_params.get("types")
     if not raw:
         return None
-    names = [t.strip() for t in raw.split(",") if t.strip()]
+    return known_types([t.strip() for t in raw.split(",") if t.strip()])
+
+
+def known_types(names: list[str]) -> frozenset[str]:
+    """``names`` as a filter, if each is an event type (else ``400 unknown_event_type`` with
+    the nearest name): the SSE ``types`` parameter and a WebSocket subscription's ``types``."""
     for name in names:
         if name not in REGISTRY:
             close = difflib.get_close_matches(name, list(REGISTRY), n=1)
@@ -111,6 +122,14 @@ def types_param(request: Request) -> frozenset[str] | None:
                 400, "unknown_event_type", f"{name!r} is not an event type", hint, "types"
             )
     return frozenset(names)
+
+
+def chunk_options(asked: bool, types: frozenset[str] | None) -> tuple[bool, bool]:
+    """Whether text chunks are sent, and whether that is only *implied*: naming ``model.chunk``
+    in ``types`` asks for them as ``chunks=true`` does (v1), and the preamble says which it was.
+    Reasoning chunks are never implied: the thinking comes only with ``reasoning=true``."""
+    implied = not asked and types is not None and CHUNK in types
+    return asked or implied, implied
 
 
 # --- one turn ----------------------------------------------------------------------------------
@@ -137,13 +156,17 @@ async def turn_stream(request: Request) -> Response:
     ):
         # A browser reconnecting after the end: 204 is what makes an EventSource stop.
         return Response(status_code=204, headers={"Cache-Control": "no-cache"})
+    types = types_param(request)
+    chunks, implied = chunk_options(flag(request, "chunks"), types)
     return turn_stream_response(
         request,
         agent_id,
         turn.turn_id,
         after=after,
-        chunks=flag(request, "chunks"),
-        types=types_param(request),
+        chunks=chunks,
+        reasoning=flag(request, "reasoning"),
+        implied=implied,
+        types=types,
     )
 
 
@@ -154,14 +177,18 @@ def turn_stream_response(
     *,
     after: Checkpoint | None,
     chunks: bool,
+    reasoning: bool = False,
+    implied: bool = False,
     types: frozenset[str] | None = None,
     status: int = 200,
     accepted: AcceptedBody | None = None,
 ) -> Response:
     feed = feed_of(request)
+    node = runtime(request).node_id
     # The stream ends with its turn, so it always follows turn.end, shown or not.
     wanted = None if types is None else types | {TurnEnd.TYPE}
-    scope = Scope(turn_id=turn_id, agent_id=agent_id, types=wanted, chunks=chunks)
+    scope = Scope(turn_id=turn_id, agent_id=agent_id, types=wanted, chunks=chunks,
+                  reasoning=reasoning)  # fmt: skip
     start = after or Checkpoint()
 
     def shown(event: RecordedEvent) -> bool:
@@ -181,6 +208,8 @@ def turn_stream_response(
                     truncated=False,
                     dropped=0,
                     chunks="start" if chunks else "none",
+                    reasoning=reasoning,
+                    implied=implied,
                     from_=after.cursor() if after else None,
                     to=visible[-1].checkpoint.cursor() if visible else None,
                 )
@@ -189,7 +218,7 @@ def turn_stream_response(
                 while True:
                     for event in batch:
                         if shown(event):
-                            yield event_frame(event)
+                            yield event_frame(event, node)
                     if ended is not None:
                         yield _ended_frame(turn_id, ended)
                         return
@@ -350,8 +379,8 @@ async def create_stream_token(request: Request) -> Response:
 
 
 async def events_stream(request: Request) -> Response:
-    """``GET /v1/events?agentId&sessionKey&types&after&chunks``: every event the caller may see,
-    live from now, or from ``after`` / ``Last-Event-ID``; it never ends by itself."""
+    """``GET /v1/events?agentId&sessionKey&types&after&chunks&reasoning``: every event the caller
+    may see, live from now, or from ``after`` / ``Last-Event-ID``; it never ends by itself."""
     feed = feed_of(request)
     who = principal(request)
     agent_id = request.query_params.get("agentId") or None
@@ -365,7 +394,8 @@ async def events_stream(request: Request) -> Response:
     if agent_id is not None:
         visible_agent(request, agent_id, "agentId")
     types = types_param(request)
-    chunks = flag(request, "chunks") or (types is not None and CHUNK in types)
+    chunks, implied = chunk_options(flag(request, "chunks"), types)
+    reasoning = flag(request, "reasoning")
     after = cursor_param(request)
     scope = Scope(
         agent_id=agent_id,
@@ -373,14 +403,18 @@ async def events_stream(request: Request) -> Response:
         types=types,
         agents=who.agents,
         chunks=chunks,
+        reasoning=reasoning,
     )
     subscribed = Subscribed(
         agent_id=agent_id,
         session_key=scope.session_key,
         types=sorted(types) if types else None,
         chunks=chunks,
+        reasoning=reasoning,
+        implied=implied,
         after=after.cursor() if after else None,
     )
+    node = runtime(request).node_id
 
     async def frames() -> AsyncIterator[bytes]:
         with metrics.STREAM_SUBSCRIBERS.labels("sse_events").track_inprogress():
@@ -392,7 +426,7 @@ async def events_stream(request: Request) -> Response:
                     if not batch:
                         yield PING
                     for event in batch:
-                        yield event_frame(event)
+                        yield event_frame(event, node)
 
     return StreamingResponse(
         frames(), headers=HEADERS, media_type="text/event-stream; charset=utf-8"

@@ -29,12 +29,20 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from actors.messages import TOO_DEEP, Refused, StopResult, StopTurn, too_deep
 from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
-from eventstore.catalogue import Deliver, TurnEnd
+from eventstore.catalogue import Deliver, Sender, TurnEnd
 from eventstore.feed import Scope
 from gateways import approvals, ingress, metrics
 from gateways.api import ApiError, commands_of, load_turn, principal, runtime, visible_agent
 from gateways.auth import STREAM_READ_ONLY_HINT, SUBPROTOCOL
-from gateways.sse import feed_of, session_problem, turn_backlog, turn_problem
+from gateways.ingress import field_of, shape_refused
+from gateways.sse import (
+    chunk_options,
+    feed_of,
+    known_types,
+    session_problem,
+    turn_backlog,
+    turn_problem,
+)
 
 log = structlog.get_logger("dispach.ws")
 
@@ -62,6 +70,7 @@ class MessageFrame(_Frame, tag="message", frozen=True):
     idempotency_key: str | None = None
     concurrency: Literal["queue", "reject", "interrupt"] | None = None
     deliver: Deliver | None = None
+    sender: Sender | None = msgspec.field(default=None, name="from")
     ref: str | None = None
 
 
@@ -71,6 +80,11 @@ class SubscribeFrame(_Frame, tag="subscribe", frozen=True):
     session_key: str | None = None
     after: str | None = None
     chunks: bool = False
+    """``model.chunk`` text deltas (also when ``types`` names ``model.chunk``)."""
+    reasoning: bool = False
+    """``model.chunk`` deltas of the model's thinking, with or without ``chunks``."""
+    types: list[str] | None = None
+    """Only these event types (a turn's subscription still ends at its ``turn.end``)."""
     sub: str | None = None
 
 
@@ -103,6 +117,17 @@ _ENCODE = msgspec.json.Encoder()
 
 class SlowConsumer(Exception):
     pass
+
+
+class Terms(msgspec.Struct, frozen=True, kw_only=True):
+    """What a subscription gets, as ``ws.subscribed`` says it: its ``types`` (None: all),
+    whether text chunks come (``implied``: only because ``types`` names ``model.chunk``), and
+    whether reasoning chunks do."""
+
+    types: list[str] | None
+    chunks: bool
+    reasoning: bool
+    implied: bool
 
 
 class Socket:
@@ -158,6 +183,10 @@ class Socket:
         try:
             frame = _DECODE.decode(raw)
         except msgspec.ValidationError as e:
+            shape = shape_refused(field_of(str(e)), str(e))  # a message's deliver or from
+            if shape is not None:
+                self.error(shape.code, shape.message, shape.hint, field=shape.field)
+                return
             code = "unknown_frame_type" if "type" in str(e) else "frame_invalid"
             self.error(
                 code,
@@ -216,6 +245,7 @@ class Socket:
             concurrency=frame.concurrency,
             deliver=frame.deliver,
             idempotency_key=frame.idempotency_key,
+            sender=frame.sender,
         )
         result = ingress.check(message) or await ingress.submit(
             commands_of(self.ws), agent_id, message
@@ -260,6 +290,13 @@ class Socket:
                 sub=sub_id,
             )
             return
+        try:
+            types = None if frame.types is None else known_types(frame.types)
+        except ApiError as e:
+            self.error(e.code, e.message, e.hint, sub=sub_id, field=e.field)
+            return
+        chunks, implied = chunk_options(frame.chunks, types)
+        reasoning = frame.reasoning
         if frame.turn_id is not None:
             try:
                 turn = await load_turn(self.ws, frame.turn_id, None)
@@ -271,7 +308,10 @@ class Socket:
             ):
                 self.error(problem.code, problem.message, problem.hint, sub=sub_id)
                 return
-            scope = Scope(turn_id=turn.turn_id, agent_id=turn.agent_id, chunks=frame.chunks)
+            # A turn's subscription ends with it, so it always follows turn.end, shown or not.
+            wanted = None if types is None else types | {TurnEnd.TYPE}
+            scope = Scope(turn_id=turn.turn_id, agent_id=turn.agent_id, types=wanted,
+                          chunks=chunks, reasoning=reasoning)  # fmt: skip
         elif frame.agent_id is not None:
             if self.stream is not None and (
                 problem := session_problem(self.stream, frame.agent_id, frame.session_key)
@@ -280,9 +320,8 @@ class Socket:
                 return
             if self._refuses_agent(frame.agent_id, ref=None, sub=sub_id):
                 return
-            scope = Scope(
-                agent_id=frame.agent_id, session_key=frame.session_key, chunks=frame.chunks
-            )
+            scope = Scope(agent_id=frame.agent_id, session_key=frame.session_key, types=types,
+                          chunks=chunks, reasoning=reasoning)  # fmt: skip
         else:
             self.error(
                 "subscribe_needs_target",
@@ -291,38 +330,48 @@ class Socket:
                 sub=sub_id,
             )
             return
-        task = asyncio.create_task(self._pump(sub_id, scope, after), name=f"ws-{sub_id}")
+        terms = Terms(types=sorted(types) if types is not None else None, chunks=chunks,
+                      reasoning=reasoning, implied=implied)  # fmt: skip
+        pump = self._pump(sub_id, scope, after, terms)
+        task = asyncio.create_task(pump, name=f"ws-{sub_id}")
         task.add_done_callback(_log_failure)
         self.subs[sub_id] = task
 
-    async def _pump(self, sub_id: str, scope: Scope, after: Checkpoint | None) -> None:
+    async def _pump(
+        self, sub_id: str, scope: Scope, after: Checkpoint | None, terms: Terms
+    ) -> None:
         feed = feed_of(self.ws)
+        node = runtime(self.ws).node_id
         prefix = b'{"sub":' + _ENCODE.encode(sub_id) + b","
         turn_id = scope.turn_id
+        shown = None if terms.types is None else frozenset(terms.types)
         # A turn is watched from its beginning; an agent or session from now, unless resumed.
         start = after if after is not None or turn_id is None else Checkpoint()
         async with feed.subscribe(scope, start) as sub:
             # Confirmed once registered: whatever the client does next, it misses nothing.
             self.send("ws.subscribed", sub=sub_id, turnId=turn_id, agentId=scope.agent_id,
-                      sessionKey=scope.session_key)  # fmt: skip
+                      sessionKey=scope.session_key, **msgspec.to_builtins(terms))  # fmt: skip
             ended = None
             if turn_id is not None:
                 assert start is not None
                 backlog, ended = await turn_backlog(feed, sub, turn_id, start)
             else:
                 backlog = await sub.backlog()
+            if shown is not None:  # a turn's end is followed, not shown, unless asked for
+                backlog = [e for e in backlog if e.type in shown]
             self.send("stream.replay", sub=sub_id, events=len(backlog),
                       **{"from": after.cursor() if after else None},
                       to=backlog[-1].checkpoint.cursor() if backlog else None)  # fmt: skip
             for event in backlog:  # a replay may be long: wait (boundedly) for a reader
-                await self.put(prefix + encode_wire(event)[1:])
+                await self.put(prefix + encode_wire(event, node)[1:])
             if ended is not None:
                 self._ended(sub_id, ended)
                 return
             self.send("stream.live", sub=sub_id)
             while True:
                 for event in await sub.read(HEARTBEAT_S):
-                    self.push(prefix + encode_wire(event)[1:])
+                    if shown is None or event.type in shown:
+                        self.push(prefix + encode_wire(event, node)[1:])
                     if turn_id is not None and isinstance(event.data, TurnEnd):
                         self._ended(sub_id, event)
                         return

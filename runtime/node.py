@@ -45,6 +45,7 @@ from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from gateways import create_app
 from gateways.ingress import Ingress
+from gateways.model.scripted import ScriptedModel
 from gateways.protocol import Limits, http_protocol
 from gateways.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
 from gateways.schemas import AgentDetail, ToolInfo
@@ -425,10 +426,17 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
 
 
 def agent_detail(agent: Agent) -> AgentDetail:
-    """How the API shows an agent."""
+    """How the API shows an agent: the model it really runs (the offline scripted model says
+    so, not the manifest's model id it stands in for)."""
     tools = [
         ToolInfo(
-            slug=name, summary=(spec.description or "").split("\n", 1)[0], mutating=spec.mutating
+            slug=name,
+            summary=(spec.description or "").split("\n", 1)[0],
+            mutating=spec.mutating,
+            trust="untrusted" if spec.untrusted_output else "trusted",
+            provider="local",
+            policy=spec.policy,
+            timeout_s=agent.limits.tool_timeout_s if spec.timeout_s is None else spec.timeout_s,
         )
         for name in agent.tools.names
         if (spec := agent.tools.get(name)) is not None
@@ -437,7 +445,7 @@ def agent_detail(agent: Agent) -> AgentDetail:
         id=agent.id,
         name=agent.name,
         status="loaded",
-        model=agent.model_id,
+        model=agent.model.label if isinstance(agent.model, ScriptedModel) else agent.model_id,
         provider=agent.model.label,
         tools=len(tools),
         tool_list=tools,

@@ -105,6 +105,11 @@ async def accept(http: httpx.AsyncClient, text: str, **options: Any) -> Json:
 JSON_BODY = {"Content-Type": "application/json"}
 
 
+def cleared_body(key: str) -> Json:
+    """The answer to clearing session ``key`` (v1's; no memory files outlive it here)."""
+    return {"cleared": key, "memoryFilesKept": False}
+
+
 def error_of(response: httpx.Response, status: int, code: str) -> Json:
     """The error envelope of ``response``, checked: its status, code, a message and a hint."""
     assert response.status_code == status, response.text
@@ -805,7 +810,7 @@ async def test_a_session_key_the_api_accepts_can_be_addressed(api: ApiServer, ke
         assert messages.status_code == 200, messages.text
         assert [m["sessionKey"] for m in messages.json()["messages"]] == [key, key]
         cleared = await http.delete(path)
-    assert cleared.status_code == 200 and cleared.json() == {"cleared": key}
+    assert cleared.status_code == 200 and cleared.json() == cleared_body(key)
 
 
 @pytest.mark.asyncio
@@ -817,7 +822,7 @@ async def test_clearing_a_session_empties_its_history_and_the_next_turn_works(
         assert len(await history(http, "s1")) == 2
         response = await http.delete("/v1/agents/assistant/sessions/s1")
         assert response.status_code == 200, response.text
-        assert response.json() == {"cleared": "s1"}
+        assert response.json() == cleared_body("s1")
         assert await history(http, "s1") == []
 
         async def marked_cleared() -> Json | None:
@@ -832,7 +837,7 @@ async def test_clearing_a_session_empties_its_history_and_the_next_turn_works(
     assert summary["clearedAt"] and summary["messages"] == 0
     assert turn["status"] == "final"
     assert [m["turnId"] for m in messages] == [after["turnId"]] * 2
-    assert cleared.status_code == 200 and cleared.json() == {"cleared": "s1"}
+    assert cleared.status_code == 200 and cleared.json() == cleared_body("s1")
 
 
 @pytest.mark.asyncio
@@ -853,7 +858,7 @@ async def test_a_session_with_a_turn_running_or_queued_cannot_be_cleared(
         await http.post(f"/v1/agents/sleepy/turns/{running}/stop")
         await ended(http, running, "sleepy", timeout=5)
         response = await http.delete(path)  # a client that saw the end may clear at once
-    assert response.status_code == 200 and response.json() == {"cleared": "s1"}
+    assert response.status_code == 200 and response.json() == cleared_body("s1")
 
 
 # ---- authentication and the Host check -----------------------------------------------------------

@@ -56,6 +56,11 @@ EXAMPLES = 30
 STREAMS = frozenset({"/v1/agents/{agent}/turns/{turn_id}/stream", "/v1/events"})
 UNDOCUMENTED = frozenset({"/metrics", "/v1/ws"})
 STOP = "POST /v1/agents/{agent}/turns/{turn_id}/stop"
+RELOAD = "POST /v1/agents/{agent}/reload"
+PHASE = "POST /v1/agents/{agent}/sessions/{key}/phase"
+# v1 operations this runtime refuses by design with a 501 (a 5xx: "not a server error" would
+# flag every answer): not generated for; test_the_operations_v1_has_and_we_refuse sends them.
+UNSUPPORTED = frozenset({RELOAD, PHASE})
 MESSAGES = "POST /v1/agents/{agent}/messages"
 # Conformance of one answer, whatever produced the request.
 CONFORMANCE = [
@@ -222,7 +227,7 @@ def fuzz(schema: BaseSchema, operations: dict[str, Operation], job: Job, report:
                 found(case, f"{failure.title}: {message}", answer)
 
     for operation in operations.values():
-        if operation.path in STREAMS:
+        if operation.path in STREAMS or operation.label in UNSUPPORTED:
             continue
         names = {p.name for p in operation.path_parameters}
         pinned = {k: v for k, v in job["pinned"].items() if k in names} or None
@@ -336,8 +341,12 @@ def successes(report: Report) -> set[str]:
 
 
 def fuzzed(report: Report) -> set[str]:
-    """The operations requests are generated for: all but the streams."""
-    return {label for label in report["operations"] if label.split(" ", 1)[1] not in STREAMS}
+    """The operations requests are generated for: all but the streams and the refused ones."""
+    return {
+        label
+        for label in report["operations"]
+        if label.split(" ", 1)[1] not in STREAMS and label not in UNSUPPORTED
+    }
 
 
 # ---- the document ---------------------------------------------------------------------------
@@ -498,6 +507,38 @@ async def test_schedule_writes_by_hand(api: ApiServer) -> None:
     )
     assert report["problems"] == [], "\n".join(report["problems"])
     assert [status for status, _ in report["answers"]] == [status for _, status in cases]
+
+
+@pytest.mark.asyncio
+async def test_the_operations_v1_has_and_we_refuse(api: ApiServer) -> None:
+    """Reload and a session's phase answer as the document says: the envelope, with a status
+    it declares (400 for a phase of the wrong type, as v1 checks it; else 501)."""
+    raw = await document(api)
+    cases = [
+        ("POST", "/v1/agents/assistant/reload", None, RELOAD, 501, "reload_not_supported"),
+        ("POST", "/v1/agents/nobody/reload", None, RELOAD, 404, "agent_not_found"),
+        ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": "triage"}, PHASE, 501,
+         "phases_not_supported"),
+        ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": None}, PHASE, 501,
+         "phases_not_supported"),
+        ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": 3}, PHASE, 400,
+         "phase_invalid"),
+        ("POST", "/v1/agents/assistant/sessions/s1/phase", {}, PHASE, 400, "phase_invalid"),
+    ]  # fmt: skip
+    wrong = []
+    async with httpx.AsyncClient(base_url=api.url, headers=api.headers) as client:
+        for method, path, body, label, status, code in cases:
+            answer = await client.request(method, path, json=body)
+            declared = raw["paths"][label.split(" ", 1)[1]]["post"]["responses"]
+            response = declared.get(str(answer.status_code))
+            fitting = response is not None and fits(
+                raw, response["content"]["application/json"]["schema"], answer.json()
+            )
+            problem = envelope_problem(answer.status_code, answer.content)
+            got = (answer.status_code, answer.json()["error"]["code"], fitting, problem)
+            if got != (status, code, True, None):
+                wrong.append(f"{method} {path} {body} -> {got} {answer.text}")
+    assert wrong == [], "\n".join(wrong)
 
 
 def fits(raw: dict[str, Any], schema: dict[str, Any], value: object) -> bool:

@@ -1,7 +1,8 @@
 -- An agent's turns, newest first, optionally of one session and one status. Pages continue
 -- strictly before the (started_at, turn_id) of the `before` turn, so equal start times neither
 -- repeat nor vanish between pages.
-SELECT turn_id, agent_id, session_key, status, state, source, input, text, steps, attempt,
+SELECT turn_id, agent_id, session_key, status, state, source, input, text, reasoning,
+       steps, attempt,
        prompt_tokens, output_tokens, cache_read_tokens, cache_write_tokens, started_at,
        error_code, error_message, error_hint, ended_at, duration_ms,
        coalesce((SELECT d.deliveries FROM turn_deliveries d WHERE d.turn_id = t.turn_id),
