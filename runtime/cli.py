@@ -206,7 +206,8 @@ def _errors() -> Iterator[None]:
 # The client commands: they talk to a running node over HTTP (gateways.client), never to the log.
 
 # Exit codes of `send` by the turn's end reason; 1 is a failure to send or follow (click's own).
-TURN_EXIT_CODES = {"final": 0, "stopped": 3, "max_steps": 4, "timeout": 4, "output_limit": 4}
+TURN_EXIT_CODES = {"final": 0, "stopped": 3, "max_steps": 4, "timeout": 4, "output_limit": 4,
+                   "truncated": 4, "refused": 6}  # fmt: skip
 TURN_ERROR_EXIT = 5
 
 _url_option = click.option(
@@ -241,7 +242,8 @@ def send(
     calls, retries and the final status on stderr.
 
     Exit status: 0 when the turn ends `final`, 3 `stopped`, 4 at a limit (`max_steps`,
-    `timeout`, `output_limit`), 5 `error`; 1 when the message could not be sent or followed.
+    `timeout`, `output_limit`, `truncated`), 5 `error`, 6 `refused`; 1 when the message could
+    not be sent or followed.
     """
     with _client_errors(), _client(url) as client:
         accepted = client.send(agent, text, session_key=session, idempotency_key=idempotency_key)
