@@ -47,15 +47,9 @@ _MODEL_RESULT = """UPDATE turns SET steps = steps + 1, prompt_tokens = prompt_to
                           calls = calls || %s,
                           state = 'running', last_position = %s
                     WHERE turn_id = %s AND status = 'running'"""
-_MODEL_RESULT_THINKING = """UPDATE turns
-                      SET reasoning = concat_ws(E'\\n\\n', nullif(reasoning, ''), %s::text),
-                          steps = steps + 1, prompt_tokens = prompt_tokens + %s,
-                          output_tokens = output_tokens + %s,
-                          cache_read_tokens = cache_read_tokens + %s,
-                          cache_write_tokens = cache_write_tokens + %s,
-                          calls = calls || %s,
-                          state = 'running', last_position = %s
-                    WHERE turn_id = %s AND status = 'running'"""
+_MODEL_RESULT_THINKING = _MODEL_RESULT.replace(
+    "SET ", "SET reasoning = concat_ws(E'\\n\\n', nullif(reasoning, ''), %s::text), ", 1
+)
 
 
 class TurnsProjection:

@@ -230,20 +230,27 @@ class Client:
         return _JSON_LIST.decode(self._request("GET", "/v1/agents").content)
 
     def stream_turn(
-        self, agent: str, turn_id: str, *, after: str | None = None, chunks: bool = True
+        self,
+        agent: str,
+        turn_id: str,
+        *,
+        after: str | None = None,
+        chunks: bool = True,
+        reasoning: bool = False,
     ) -> Iterator[StreamFrame]:
         """The turn's frames from after the cursor ``after`` (from its start when None) until it
         ends. A ``stream.replay`` frame opens every connection, reconnections included. A
         dropped connection, or one closed before ``turn.end``, is reopened after the last event
         yielded; every event is yielded once. Raises :class:`ClientError` when the node refuses
-        the stream or stays unreachable through every reconnection delay."""
+        the stream or stays unreachable through every reconnection delay. ``reasoning``: the
+        model's thinking too (``model.chunk`` frames of kind ``reasoning``)."""
         last = after
         seen: set[str] = set()
         ended = False
         failures = 0
         while True:
             try:
-                for frame in self._connect(agent, turn_id, last, chunks):
+                for frame in self._connect(agent, turn_id, last, chunks, reasoning):
                     if frame.id is not None:
                         if frame.id in seen:
                             continue
@@ -277,13 +284,15 @@ class Client:
             failures += 1
 
     def _connect(
-        self, agent: str, turn_id: str, after: str | None, chunks: bool
+        self, agent: str, turn_id: str, after: str | None, chunks: bool, reasoning: bool
     ) -> Iterator[StreamFrame]:
         headers = {"Accept": "text/event-stream"}
         if after is not None:
             headers["Last-Event-ID"] = after
         url = f"/v1/agents/{agent}/turns/{turn_id}/stream"
         params = {"chunks": "true" if chunks else "false"}
+        if reasoning:
+            params["reasoning"] = "true"
         try:
             with self._http.stream(
                 "GET", url, params=params, headers=headers, timeout=self._stream_timeout

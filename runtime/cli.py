@@ -217,6 +217,9 @@ _url_option = click.option(
     show_default=True,
     help="The node's HTTP address (DISPACH_URL).",
 )
+_reasoning_option = click.option(
+    "--reasoning", is_flag=True, help="Show the model's thinking as it streams (dim, on stderr)."
+)
 
 
 @main.command()
@@ -229,6 +232,7 @@ _url_option = click.option(
     "which a retry of this send reuses).",
 )
 @click.option("--no-stream", is_flag=True, help="Print the turn id once accepted; do not follow.")
+@_reasoning_option
 @click.argument("text")
 def send(
     url: str,
@@ -236,6 +240,7 @@ def send(
     session: str | None,
     idempotency_key: str | None,
     no_stream: bool,
+    reasoning: bool,
     text: str,
 ) -> None:
     """Send TEXT to an agent and print the turn live: the reply on stdout as it is written; tool
@@ -255,7 +260,7 @@ def send(
         click.secho(
             f"turn {accepted.turn_id}, session {accepted.session_key}{replayed}", dim=True, err=True
         )
-        reason = _follow(client, agent, accepted.turn_id)
+        reason = _follow(client, agent, accepted.turn_id, reasoning=reasoning)
     sys.exit(TURN_EXIT_CODES.get(reason or "error", TURN_ERROR_EXIT))
 
 
@@ -263,7 +268,8 @@ def send(
 @_url_option
 @click.option("--agent", default="assistant", show_default=True, help="Agent id.")
 @click.option("--session", help="Session key kept for the whole chat (default: cli:<random>).")
-def chat(url: str, agent: str, session: str | None) -> None:
+@_reasoning_option
+def chat(url: str, agent: str, session: str | None, reasoning: bool) -> None:
     """Talk with an agent: each line you type is a message; /quit or end of input leaves."""
     import secrets
 
@@ -285,7 +291,7 @@ def chat(url: str, agent: str, session: str | None) -> None:
                 continue
             try:
                 accepted = client.send(agent, text, session_key=key)
-                _follow(client, agent, accepted.turn_id, prefix=f"{agent}> ")
+                _follow(client, agent, accepted.turn_id, prefix=f"{agent}> ", reasoning=reasoning)
             except ClientError as e:
                 click.secho(f"{e.code}: {e.message}\n  hint: {e.hint}", fg="red", err=True)
 
@@ -370,11 +376,12 @@ def describe_cluster(status: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _follow(client: Client, agent: str, turn_id: str, prefix: str = "") -> str | None:
+def _follow(client: Client, agent: str, turn_id: str, prefix: str = "",
+            reasoning: bool = False) -> str | None:  # fmt: skip
     """Print a turn's stream until it ends; return its end reason."""
     printer = _TurnPrinter(prefix)
     try:
-        for frame in client.stream_turn(agent, turn_id):
+        for frame in client.stream_turn(agent, turn_id, reasoning=reasoning):
             printer.frame(frame)
     except KeyboardInterrupt:
         printer.end_line()
@@ -396,12 +403,15 @@ class _TurnPrinter:
         self.reason: str | None = None
         self.replied = False
         self._open = False  # stdout has a line without its end
+        self._thinking = False  # stderr has thinking without its line end
 
     def frame(self, frame: StreamFrame) -> None:
         data: dict[str, Any] = frame.data.get("data") or {}
         match frame.event:
             case "model.chunk" if data.get("kind", "text") == "text":
                 self._reply(str(data.get("delta", "")))
+            case "model.chunk":  # the model's thinking (asked for with --reasoning): not the reply
+                self._think(str(data.get("delta", "")))
             case "turn.attempt" if data.get("attempt", 1) > 1:
                 self._note(frame.event, data)
             case "turn.end":
@@ -421,9 +431,18 @@ class _TurnPrinter:
             click.echo()
             self._open = False
 
+    def _think(self, delta: str) -> None:
+        if self._open and not self._thinking:
+            self.end_line()
+        self._thinking = True
+        click.secho(delta, dim=True, italic=True, nl=False, err=True)
+
     def _reply(self, delta: str) -> None:
         if not delta:
             return
+        if self._thinking:  # the answer starts on a line of its own
+            click.echo(err=True)
+            self._thinking = False
         if not self._open and self.prefix:
             click.secho(self.prefix, bold=True, nl=False)
         click.echo(delta, nl=False)

@@ -17,7 +17,11 @@ from click.testing import CliRunner
 from actors.ids import keyed_turn_id
 from gateways.client import Accepted, Client, ClientError, SseFrame, StreamFrame, parse
 from runtime.cli import main
+from tests import fakes
 from tests.conftest import ApiFactory, ApiServer
+from tests.fakes import FakeAnthropic, Reply
+
+fake_anthropic = fakes.fake_anthropic
 
 # ---- the SSE parser ----------------------------------------------------------------------
 
@@ -520,3 +524,28 @@ async def test_cli_cluster_status_prints_the_nodes_partitions_and_singletons(
     )
     assert f"  {node}: {status['partitions']} partition(s)" in out
     assert f"  scheduler: held by {node}" in out
+
+
+@pytest.mark.asyncio
+async def test_cli_send_shows_thinking_only_with_reasoning_and_never_as_the_reply(
+    api_factory: ApiFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPACH_TEST_ANTHROPIC_KEY", "test-key")
+    api_factory.write_agent("thinker", f"""
+id: thinker
+model:
+  provider: anthropic
+  base_url: {fake_anthropic.url}
+  api_key_env: DISPACH_TEST_ANTHROPIC_KEY
+  max_output_tokens: 4096
+  thinking: {{budget_tokens: 2048}}
+""")  # fmt: skip
+    fake_anthropic.default = Reply(thinking="Weighing the options.", text="Take the train.")
+    api = await api_factory.start()
+    code, out, err = await dispach(api, "send", "--agent", "thinker", "--reasoning", "how?")
+    assert code == 0, err
+    assert out.strip() == "Take the train."
+    assert "Weighing the options." in err
+    code, out, err = await dispach(api, "send", "--agent", "thinker", "how again?")
+    assert code == 0, err
+    assert out.strip() == "Take the train." and "Weighing" not in err

@@ -384,8 +384,8 @@ class TurnRunner:
                          - completed.usage.output_tokens)  # fmt: skip
             if not retry_truncated(self.state, completed.stop_reason, agent.truncation,
                                    max_tokens, larger):  # fmt: skip
-                self._stage([self._result(completed, discarded=False)])
-                self._stage(server_tools.events(completed.content))
+                result = self._result(completed, discarded=False)
+                self._stage([result, *server_tools.events(result.content or [])])
                 self._in_model_call = False
                 return completed
             self._stage([self._result(completed, discarded=True)])

@@ -13,6 +13,7 @@ never in the client under test.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import sys
 import threading
@@ -131,6 +132,42 @@ class Handler(BaseHTTPRequestHandler, Generic[OwnerT]):
 
     def _lowered_headers(self) -> dict[str, str]:
         return {name.lower(): value for name, value in self.headers.items()}
+
+    @staticmethod
+    def _json_object(raw: bytes) -> dict[str, Any] | None:
+        """The body as a JSON object, or None when it is empty, not JSON or not an object."""
+        try:
+            parsed = json.loads(raw) if raw else None
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
+
+    @staticmethod
+    def _retry_count(headers: dict[str, str]) -> int:
+        """Which retry of a request this is, as the official SDKs (Stainless) number them."""
+        try:
+            return int(headers.get("x-stainless-retry-count", "0"))
+        except ValueError:
+            return 0
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    def do_POST(self) -> None:
+        self._serve()
+
+    def do_PUT(self) -> None:
+        self._serve()
+
+    def do_PATCH(self) -> None:
+        self._serve()
+
+    def do_DELETE(self) -> None:
+        self._serve()
+
+    def _serve(self) -> None:
+        """Answer one request, whatever its method (a fake API routes on the path)."""
+        self.send_error(404)
 
     def _read_body(self) -> bytes:
         """The body, sent with a ``Content-Length`` or chunked."""

@@ -681,38 +681,14 @@ class _Handler(Handler[FakeAnthropic]):
     server_version = "fake-anthropic"
     sys_version = ""
 
-    def do_GET(self) -> None:
-        self._serve()
-
-    def do_POST(self) -> None:
-        self._serve()
-
-    def do_PUT(self) -> None:
-        self._serve()
-
-    def do_PATCH(self) -> None:
-        self._serve()
-
-    def do_DELETE(self) -> None:
-        self._serve()
-
     def _serve(self) -> None:
         fake = self.owner
         request_id = f"req_01{secrets.token_hex(12)}"
         raw = self._read_body()
         path, _, query = self.path.partition("?")
         headers = self._lowered_headers()
-        body: dict[str, Any] | None = None
-        try:
-            parsed = json.loads(raw) if raw else None
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            body = parsed
-        try:
-            retry_count = int(headers.get("x-stainless-retry-count", "0"))
-        except ValueError:
-            retry_count = 0
+        body = self._json_object(raw)
+        retry_count = self._retry_count(headers)
         fake._record(
             Recorded(self.command, path, query, headers, body or {}, retry_count, time.monotonic())
         )
