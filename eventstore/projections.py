@@ -123,6 +123,11 @@ class TurnsProjection:
                                         "cacheWriteTokens": r.cache_write_tokens,
                                         "latencyMs": r.latency_ms,
                                         "finishReason": r.finish_reason,
+                                        **(
+                                            {"serverToolRequests": r.server_tool_requests}
+                                            if r.server_tool_requests
+                                            else {}
+                                        ),
                                     }
                                 ]
                             ),

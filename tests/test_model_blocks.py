@@ -17,7 +17,7 @@ from tests import fakes
 from tests.conftest import NodeFactory
 from tests.fakes import FakeAnthropic, Reply, ToolUse
 from tests.fakes import anthropic_server as fa
-from tests.turns import send, stop, wait_end
+from tests.turns import send, stop, turn_row, wait_end
 
 fake_anthropic = fakes.fake_anthropic
 
@@ -85,6 +85,9 @@ async def test_thinking_streams_as_reasoning_and_goes_back_signed_before_the_too
     assert chunks(events, "reasoning") == "I ponder the sum.It said 42."
     assert "ponder" not in chunks(events, "text")
     assert [r.text for r in of(events, ModelResult)] == ["Let me compute.", "It is 42."]
+    row = await turn_row(node, events[0].metadata.turn_id or "")
+    assert row["reasoning"] == "I ponder the sum.\n\nIt said 42."
+    assert row["prompt_tokens"] == sum(r.prompt_tokens for r in of(events, ModelResult))
     first, second = (r.body for r in fake_anthropic.message_requests())
     assert first["thinking"] == {"type": "enabled", "budget_tokens": 2048}
     assistant = second["messages"][-2]
@@ -116,6 +119,8 @@ async def test_a_tool_call_cut_off_by_max_tokens_is_never_run_and_leaves_no_trac
     assert of(events, ToolCall) == [] and of(events, ToolResult) == []
     (result,) = of(events, ModelResult)
     assert [b["type"] for b in result.content or []] == ["text"]
+    row = await turn_row(node, events[0].metadata.turn_id or "")
+    assert (row["status"], row["error_code"]) == ("truncated", "reply_truncated")
     fake_anthropic.script(Reply(text="Noted now."))
     await wait_end(node, (await send(node, "thinker", "go on")).turn_id)
     body = fake_anthropic.message_requests()[-1].body
@@ -221,6 +226,8 @@ async def test_a_server_tool_is_recorded_counted_and_sent_back_whole_with_its_ci
     assert result.trust == "untrusted"  # a web page: mutating calls after it need approval
     (model_result,) = of(events, ModelResult)
     assert model_result.server_tool_requests == {"web_search_requests": 1}
+    row = await turn_row(node, events[0].metadata.turn_id or "")
+    assert row["calls"][0]["serverToolRequests"] == {"web_search_requests": 1}
     first = fake_anthropic.message_requests()[0].body
     assert {"type": "web_search_20250305", "name": "web_search", "max_uses": 3} in first["tools"]
     fake_anthropic.script(fa.Reply(text="You're welcome."))
