@@ -9,7 +9,7 @@ node's) and ``bench_<hex>_raw`` (the baseline's scratch table).
 An in-process ``runtime.node.Node`` (uvloop when installed) serves one agent, ``bench``, with the
 offline scripted model (``model: {provider: scripted}``, instant) and the calculator tool. The
 bench is a client on the node's own NATS connection and event loop, like the tests:
-``gateways.ingress.submit`` sends each message; one subscription to the store
+``gateways.ingress.request`` sends each message (the NATS door); one subscription to the store
 (``where type == "turn.end"``) resolves the per-turn futures.
 
   - baseline: raw psycopg single-row INSERT + COMMIT from one connection, before and after;
@@ -91,7 +91,7 @@ from actors.messages import Refused
 from actors.model import ModelEvent, ModelRequest
 from eventstore import Checkpoint, EventStore, RecordedEvent
 from eventstore.catalogue import ModelResult, ToolResult, TurnEnd
-from gateways.ingress import IngressMessage, submit
+from gateways.ingress import IngressMessage, request
 from runtime.node import Node
 
 AGENT = "bench"
@@ -373,7 +373,7 @@ class Sample:
 async def one_turn(nc: Client, ends: Ends, phase: Phase, session: str) -> Sample:
     """Submit one message over NATS and wait until its turn.end is seen."""
     wall, t0 = time.time(), perf()
-    result = await submit(nc, AGENT, IngressMessage(text=phase.text, session_key=session))
+    result = await request(nc, AGENT, IngressMessage(text=phase.text, session_key=session))
     t1 = perf()
     match result:
         case Refused(code=code, message=message):
