@@ -35,6 +35,7 @@ from actors.model import (
     Usage,
 )
 from gateways.model import retry
+from gateways.model.blocks import finish_tool_input
 
 _FATAL_CODES = {
     400: ("model_bad_request", "the request was refused as invalid; this is a bug, see the log"),
@@ -229,7 +230,7 @@ class _Reply:
     def _close(self, index: int) -> None:
         parts = self.partial_json.pop(index, None)
         if parts is not None:
-            _finish_tool_input(self.blocks[index], "".join(parts))
+            finish_tool_input(self.blocks[index], "".join(parts))
 
     def completed(self) -> Completed:
         if self.stop_reason is None:
@@ -311,23 +312,6 @@ def _stream_error(error: dict[str, Any]) -> ModelError:
                       f"the model stream failed: {kind}: {error.get('message', '')}",
                       "retry the message; the provider reported the failure mid-reply",
                       status=529 if kind == "overloaded_error" else 0)  # fmt: skip
-
-
-def _finish_tool_input(block: dict[str, Any], text: str) -> None:
-    if not text.strip():
-        block["input"] = {}
-        return
-    try:
-        parsed = _DECODE(text)
-    except (ValueError, msgspec.DecodeError) as e:
-        block["input"] = {}
-        block["invalid_json"] = f"{e.__class__.__name__}: {e}"[:300]
-        return
-    if isinstance(parsed, dict):
-        block["input"] = parsed
-    else:
-        block["input"] = {}
-        block["invalid_json"] = f"expected a JSON object, got {type(parsed).__name__}"
 
 
 def _spend(e: anthropic.APIStatusError) -> bool:

@@ -63,6 +63,7 @@ from actors.model import (
     Usage,
 )
 from gateways.model import retry
+from gateways.model.blocks import finish_tool_input
 
 ReasoningField = Literal["auto", "reasoning_content", "reasoning", "none"]
 """Where a server streams its reasoning: ``auto`` reads ``reasoning_content`` (vLLM, DeepSeek,
@@ -441,7 +442,7 @@ class _Reply:
             call_id = call_id or f"call_{secrets.token_hex(12)}"  # a server that sends none
             block: dict[str, Any] = {"type": "tool_use", "id": call_id, "name": name or "",
                                      "input": {}}  # fmt: skip
-            _tool_input(block, "".join(parts))
+            finish_tool_input(block, "".join(parts))
             content.append(block)
         stop = _FINISH.get(self.finish, self.finish)
         if self.refusal:
@@ -461,22 +462,6 @@ def _usage(usage: _Usage | None) -> Usage:
     prompt = usage.prompt_tokens or 0
     return Usage(input_tokens=max(0, prompt - cached), cache_read_tokens=cached,
                  output_tokens=usage.completion_tokens or 0)  # fmt: skip
-
-
-def _tool_input(block: dict[str, Any], text: str) -> None:
-    """Parse a call's arguments into ``input``; if they are no JSON object, note why instead
-    (the turn tells the model, which can call again)."""
-    if not text.strip():
-        return
-    try:
-        parsed = msgspec.json.decode(text)
-    except msgspec.DecodeError as e:
-        block["invalid_json"] = f"{e.__class__.__name__}: {e}"[:300]
-        return
-    if isinstance(parsed, dict):
-        block["input"] = parsed
-    else:
-        block["invalid_json"] = f"expected a JSON object, got {type(parsed).__name__}"
 
 
 def _payloads(buffer: bytes) -> tuple[list[bytes], bytes]:
