@@ -17,7 +17,7 @@ import json
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -168,6 +168,35 @@ class Handler(BaseHTTPRequestHandler, Generic[OwnerT]):
     def _serve(self) -> None:
         """Answer one request, whatever its method (a fake API routes on the path)."""
         self.send_error(404)
+
+    def _start(self, status: int, request_id: str, headers: Sequence[tuple[str, str]]) -> None:
+        """Send the status line and headers (a fake adds its API's request-id header)."""
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+
+    def _send_json_text(self, status: int, text: str, request_id: str,
+                        headers: Sequence[tuple[str, str]] = ()) -> None:  # fmt: skip
+        data = text.encode()
+        sent = [("content-type", "application/json"), ("content-length", str(len(data)))]
+        self._start(status, request_id, [*sent, *headers])
+        self.wfile.write(data)
+        self.wfile.flush()
+
+    def _start_event_stream(self, request_id: str) -> None:
+        """A ``200 text/event-stream`` sent with chunked transfer-encoding: each
+        :meth:`_chunk` reaches the client when it is written."""
+        self._start(200, request_id, [
+            ("content-type", "text/event-stream; charset=utf-8"),
+            ("cache-control", "no-cache"),
+            ("transfer-encoding", "chunked"),
+        ])  # fmt: skip
+
+    def _chunk(self, data: bytes) -> None:
+        """One chunk of a chunked body (``b""`` ends the body)."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
 
     def _read_body(self) -> bytes:
         """The body, sent with a ``Content-Length`` or chunked."""

@@ -717,31 +717,11 @@ class _Handler(Handler[FakeAnthropic]):
         self.end_headers()
 
     def _send_json(self, answer: _JsonAnswer, request_id: str) -> None:
-        data = answer.text.encode()
-        headers = [
-            ("content-type", "application/json"),
-            ("content-length", str(len(data))),
-            *answer.headers,
-        ]
-        self._start(answer.status, request_id, headers)
-        self.wfile.write(data)
-        self.wfile.flush()
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
+        self._send_json_text(answer.status, answer.text, request_id, answer.headers)
 
     def _send_stream(self, answer: _StreamAnswer, request_id: str) -> None:
         stopping = self.owner._stopping
-        self._start(
-            200,
-            request_id,
-            [
-                ("content-type", "text/event-stream; charset=utf-8"),
-                ("cache-control", "no-cache"),
-                ("transfer-encoding", "chunked"),
-            ],
-        )
+        self._start_event_stream(request_id)
         fault = answer.fault
         frames = answer.frames
         point = len(frames) if fault is None else min(fault.after_events, len(frames))
