@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.fakes._local_server import isolate_from_environment
 from tests.fakes.anthropic_server import (
     FakeAnthropic,
     HttpError,
@@ -36,8 +36,6 @@ __all__ = [
     "fake_anthropic",
 ]
 
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-
 
 def anthropic_client_kwargs(fake: FakeAnthropic) -> dict[str, Any]:
     """Constructor arguments that point an ``Anthropic``/``AsyncAnthropic`` client at ``fake``
@@ -49,11 +47,7 @@ def anthropic_client_kwargs(fake: FakeAnthropic) -> dict[str, Any]:
 def fake_anthropic(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAnthropic]:
     """A running ``FakeAnthropic`` for one test, with no ``ANTHROPIC_*`` or proxy settings
     leaking in from the environment. Fails the test if the fake itself hit an internal error."""
-    for name in list(os.environ):
-        if name.upper().startswith("ANTHROPIC_") or name.upper() in _PROXY_VARIABLES:
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    isolate_from_environment(monkeypatch, "ANTHROPIC_")
     with FakeAnthropic() as fake:
         yield fake
     assert fake.errors == [], f"the fake Anthropic server failed internally: {fake.errors!r}"

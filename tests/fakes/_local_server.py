@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import sys
 import threading
@@ -278,3 +279,31 @@ class _Server(ThreadingHTTPServer):
         error = sys.exc_info()[1]
         if error is not None and not isinstance(error, ConnectionError | TimeoutError):
             self.owner._record_error(error)
+
+
+_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def isolate_from_environment(monkeypatch: Any, prefix: str) -> None:
+    """Keep a provider's settings (``<prefix>*`` variables) and proxies of the machine out of a
+    test whose client talks to a fake on loopback."""
+    for name in list(os.environ):
+        if name.upper().startswith(prefix) or name.upper() in _PROXY_VARIABLES:
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as a fake received it. ``body`` is ``{}`` if it was not a JSON object."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+    retry_count: int
+    at: float
+    client_port: int = 0
+    """The client's end of the connection: equal ports are one kept-alive connection."""

@@ -70,7 +70,7 @@ from tests.fakes._anthropic_checks import (
     window_error,
 )
 from tests.fakes._anthropic_prompt import Prompt, estimate_input_tokens, without_cache_control
-from tests.fakes._local_server import Handler, LocalServer
+from tests.fakes._local_server import Handler, LocalServer, Recorded
 
 __all__ = [
     "MAX_CACHE_MARKERS",
@@ -278,19 +278,6 @@ class RawStream:
 
 Item: TypeAlias = Reply | HttpError | StreamFault | RawStream
 Responder: TypeAlias = Callable[[dict[str, Any]], Item]
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One request as the server received it. ``body`` is ``{}`` if it was not a JSON object."""
-
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-    retry_count: int
-    at: float
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,6 @@ whose estimate plus its output limit does not fit with the API's ``context_lengt
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import time
@@ -40,7 +39,7 @@ from typing import Any, Literal, TypeAlias
 
 import pytest
 
-from tests.fakes._local_server import Handler, LocalServer
+from tests.fakes._local_server import Handler, LocalServer, Recorded, isolate_from_environment
 
 __all__ = [
     "COMPLETIONS_PATH",
@@ -214,21 +213,6 @@ class StreamFault:
 
 Item: TypeAlias = Reply | HttpError | StreamFault
 Responder: TypeAlias = Callable[[dict[str, Any]], Item]
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """One request as the server received it. ``body`` is ``{}`` if it was not a JSON object."""
-
-    method: str
-    path: str
-    query: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-    retry_count: int
-    at: float
-    client_port: int = 0
-    """The client's end of the connection: equal ports are one kept-alive connection."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -911,18 +895,11 @@ class _Handler(Handler[FakeOpenAI]):
             self._drop()
 
 
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-
-
 @pytest.fixture
 def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
     """A running ``FakeOpenAI`` for one test, with no ``OPENAI_*`` or proxy settings leaking in
     from the environment. Fails the test if the fake itself hit an internal error."""
-    for name in list(os.environ):
-        if name.upper().startswith("OPENAI_") or name.upper() in _PROXY_VARIABLES:
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    isolate_from_environment(monkeypatch, "OPENAI_")
     with FakeOpenAI() as fake:
         yield fake
     assert fake.errors == [], f"the fake OpenAI server failed internally: {fake.errors!r}"
