@@ -1,6 +1,6 @@
 """Benchmark of the HTTP gateway: a real ``dispach serve`` under the shared load driver, in one run.
 
-    .venv/bin/python bench/http.py [--quick] [--keep]
+    .venv/bin/python bench/http.py [--quick] [--keep] [--original SIDEBYSIDE.json]
 
 Uses DATABASE_URL / NATS_URL when set, else starts the embedded Postgres and NATS in a fresh
 temporary directory (removed afterwards), the same code ``dispach serve`` would run. The node is a
@@ -24,10 +24,11 @@ first-event latency). Runs: all four phases over 16 sessions; then a burst over 
 one-tool bursts over 16 and 128 sessions.
 
 Baseline: raw psycopg single-row INSERT + COMMIT on the same database, before and after.
-Anchor: the original Dispach (Bun, SQLite) under the same driver on this kind of machine, from the
-driver's README: burst 1,330 turns/s at 16 sessions (1,650 at 128); one tool 720 (852); accept
-p50 0.44 ms; end-to-end p50 2.16 ms, p99 6.3 ms; first SSE event p50 0.8 ms; RSS ~100 MB (65 MB at
-ready); ~1 ms of server CPU per turn.
+Anchor: the original Dispach (Bun, SQLite) under the same driver, read from the JSON that
+``../shared/tools/sidebyside/sidebyside.py run --out FILE`` writes (``--original FILE``): the
+median of its runs for each figure, with the date and machine of that run printed beside the
+table. Its figures change with the machine, so a file from another machine or day compares
+loosely; without ``--original`` the column is empty.
 """
 
 from __future__ import annotations
@@ -210,8 +211,67 @@ class Row:
     show: Callable[[float], str]
 
 
+ORIGINAL_FIGURES = {
+    # our row -> the sidebyside table's figure whose "original" median anchors it
+    "burst16": "burst turns/s, 16 sessions, plain (wall)",
+    "burst16-server": "burst turns/s, 16 sessions, plain (server window)",
+    "burst128": "burst turns/s, 128 sessions, plain (wall)",
+    "tool16": "burst turns/s, 16 sessions, one tool (wall)",
+    "tool128": "burst turns/s, 128 sessions, one tool (wall)",
+    "closed": "closed loop turns/s, 16 in flight, plain",
+    "accept": "accept p50, idle (seq, plain)",
+    "e2e50": "e2e p50, plain (seq: POST -> polled final)",
+    "e2e99": "e2e p99, plain",
+    "first-event": "first SSE event p50 (reattach, from POST), plain",
+    "cpu": "server CPU per turn, burst16 plain (server process)",
+    "rss-ready": "server RSS at ready (plain server)",
+    "rss-peak": "server RSS peak VmHWM, plain server after all phases",
+}
+_KIB = {"MiB": 1024.0}
+"""Units the sidebyside table gives memory in, as the kB this benchmark reads from /proc."""
+
+
+@dataclass(frozen=True)
+class Original:
+    """The original Dispach's figures from one sidebyside run (median of its rounds)."""
+
+    figures: dict[str, float]
+    source: str
+
+    @classmethod
+    def load(cls, path: Path) -> Original:
+        try:
+            report = json.loads(path.read_text())
+            table, meta = report["table"], report.get("meta", {})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"--original {path}: not a sidebyside --out file ({e})") from None
+        by_figure = {row["figure"]: row for row in table if isinstance(row, dict)}
+        figures: dict[str, float] = {}
+        for key, figure in ORIGINAL_FIGURES.items():
+            row = by_figure.get(figure, {})
+            median = row.get("original", {}).get("median")
+            if isinstance(median, int | float):
+                figures[key] = median * _KIB.get(row.get("unit", ""), 1.0)
+        machine = meta.get("machine", {})
+        original = meta.get("original", {})
+        rounds = sum(1 for run in report.get("runs", []) if run.get("system") == "original")
+        source = (
+            f"{path} (sidebyside {meta.get('started_utc', '?')} UTC, {machine.get('cores', '?')}"
+            f" cores {machine.get('cpu', '?')}, original {original.get('version', '?')} on Bun"
+            f" {original.get('bun', '?')}, {rounds} runs of it)"
+        )
+        return cls(figures, source)
+
+
+NO_ORIGINAL = Original({}, "none: pass --original with a sidebyside --out file")
+
+
 def rows(
-    results: dict[str, dict[str, Any]], raw: RawSingle, ready_kb: int, peak_kb: int
+    results: dict[str, dict[str, Any]],
+    raw: RawSingle,
+    ready_kb: int,
+    peak_kb: int,
+    original: Original,
 ) -> list[Row]:
     main, burst128 = results["main"], results["burst128"]
     tool16, tool128 = results["tool16"], results["tool128"]
@@ -228,27 +288,30 @@ def rows(
         value: float | None = b["turns_per_s_server"]
         return value
 
+    o = original.figures.get
     return [
-        Row("burst turns/s, 16 sessions (wall)", burst["turns_per_s_wall"], 1330, raw.rate, rate),
-        Row("burst turns/s, 16 sessions (server window)", server_rate(burst), 1330, raw.rate, rate),
-        Row("burst turns/s, 128 sessions (wall)", burst128["burst"]["turns_per_s_wall"], 1650,
+        Row("burst turns/s, 16 sessions (wall)", burst["turns_per_s_wall"], o("burst16"),
             raw.rate, rate),
-        Row("one-tool turns/s, 16 sessions (wall)", tool16["burst"]["turns_per_s_wall"], 720,
-            raw.rate, rate),
-        Row("one-tool turns/s, 128 sessions (wall)", tool128["burst"]["turns_per_s_wall"], 852,
-            raw.rate, rate),
-        Row("closed loop turns/s, 16 in flight (stream:true)", closed["turns_per_s"], None,
-            raw.rate, rate),
-        Row("accept p50 (seq, idle)", seq["accept_ms"]["p50"], 0.44, raw.p50 * 1000, ms_),
-        Row("end-to-end p50 (seq: POST -> polled final)", seq["e2e_ms"]["p50"], 2.16,
+        Row("burst turns/s, 16 sessions (server window)", server_rate(burst),
+            o("burst16-server"), raw.rate, rate),
+        Row("burst turns/s, 128 sessions (wall)", burst128["burst"]["turns_per_s_wall"],
+            o("burst128"), raw.rate, rate),
+        Row("one-tool turns/s, 16 sessions (wall)", tool16["burst"]["turns_per_s_wall"],
+            o("tool16"), raw.rate, rate),
+        Row("one-tool turns/s, 128 sessions (wall)", tool128["burst"]["turns_per_s_wall"],
+            o("tool128"), raw.rate, rate),
+        Row("closed loop turns/s, 16 in flight (stream:true)", closed["turns_per_s"],
+            o("closed"), raw.rate, rate),
+        Row("accept p50 (seq, idle)", seq["accept_ms"]["p50"], o("accept"), raw.p50 * 1000, ms_),
+        Row("end-to-end p50 (seq: POST -> polled final)", seq["e2e_ms"]["p50"], o("e2e50"),
             raw.p50 * 1000, ms_),
-        Row("end-to-end p99 (seq)", seq["e2e_ms"]["p99"], 6.3, raw.p99 * 1000, ms_),
+        Row("end-to-end p99 (seq)", seq["e2e_ms"]["p99"], o("e2e99"), raw.p99 * 1000, ms_),
         Row("first SSE event p50 (reattach, from the POST)",
-            reattach["first_event_ms"]["p50"], 0.8, raw.p50 * 1000, ms_),
+            reattach["first_event_ms"]["p50"], o("first-event"), raw.p50 * 1000, ms_),
         Row("server CPU per turn (burst, 16 sessions)",
-            burst["cpu_s"]["server"] * 1000 / max(1, burst["completed"]), 1.0, None, ms_),
-        Row("server RSS at ready", ready_kb, 65 * 1024, None, mb),
-        Row("server RSS peak (VmHWM)", peak_kb, 100 * 1024, None, mb),
+            burst["cpu_s"]["server"] * 1000 / max(1, burst["completed"]), o("cpu"), None, ms_),
+        Row("server RSS at ready", ready_kb, o("rss-ready"), None, mb),
+        Row("server RSS peak (VmHWM)", peak_kb, o("rss-peak"), None, mb),
     ]  # fmt: skip
 
 
@@ -273,7 +336,9 @@ def print_results(lines: Iterable[Row]) -> None:
 # --- the run -------------------------------------------------------------------------------------
 
 
-async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool) -> None:
+async def bench(
+    url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep: bool, original: Original
+) -> None:
     schema = f"bench_{secrets.token_hex(4)}"
     raw_schema = f"{schema}_raw"
     root = Path(tempfile.mkdtemp(prefix="dispach-bench-http-"))
@@ -347,17 +412,22 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
         "raw baseline: single-row INSERT+COMMIT on the same database, mean of before and after"
         f" ({rate(raw.rate)}, p50 {ms(raw.p50)}, p99 {ms(raw.p99)}): the rate beside turns/s"
         " rows (ratio = turns per raw commit), p50/p99 beside latency rows.\n"
-        "Dispach: the original under the same driver on this kind of machine (loadgen README,"
-        " median of 5 runs; it does not say whether burst is wall or server-window turns/s)."
+        f"Dispach: the original under the same driver, from {original.source}; compare only"
+        " within one run of one machine."
     )
-    print_results(rows(results, raw, ready["VmRSS"], peak["VmHWM"]))
+    print_results(rows(results, raw, ready["VmRSS"], peak["VmHWM"], original))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help=f"{QUICK.turns} turns a phase")
     parser.add_argument("--keep", action="store_true", help="keep the bench schemas afterwards")
+    parser.add_argument(
+        "--original", type=Path, metavar="FILE",
+        help="the JSON of `sidebyside.py run --out FILE` (the original Dispach's figures)",
+    )  # fmt: skip
     args = parser.parse_args()
+    original = NO_ORIGINAL if args.original is None else Original.load(args.original)
     if not LOADGEN.is_file():
         raise SystemExit(f"the load driver is missing: {LOADGEN} (see docs/benchmarks.md)")
     if not DISPACH.is_file():
@@ -365,7 +435,8 @@ def main() -> None:
     plan = QUICK if args.quick else FULL
     started = perf()
     with servers() as found:
-        run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, args.keep))
+        run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, args.keep,
+                       original))  # fmt: skip
     print(f"\ntotal time {perf() - started:.1f} s")
 
 
