@@ -10,15 +10,59 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pykka
 import structlog
 
 log = structlog.get_logger("dispach.bridge")
+
+T = TypeVar("T")
+
+_running_loop = asyncio.events._get_running_loop
+"""The loop running in this thread, or None (asyncio's own C-level check, no exception)."""
+
+
+def settled(source: concurrent.futures.Future[T]) -> asyncio.Future[T]:
+    """On the loop: an awaitable for a future answered anywhere (an actor's reply, an append).
+
+    ``asyncio.wrap_future`` hands every answer over with ``call_soon_threadsafe``, a write to
+    the loop's wake-up pipe, even when the answer is given on the loop itself. Most answers are:
+    actors run on the loop, and the writer delivers each batch's answers to it in one hop
+    (eventstore/writer.py). Those are copied at once; only an answer from another thread pays
+    the hop. Cancelling the awaitable cancels ``source`` (an append still commits; its caller
+    stopped waiting)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[T] = loop.create_future()
+
+    def copy(done: concurrent.futures.Future[T]) -> None:
+        if waiter.done():
+            return  # the waiter was cancelled
+        if done.cancelled():
+            waiter.cancel()
+        elif (error := done.exception()) is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(done.result())
+
+    def arrived(done: concurrent.futures.Future[T]) -> None:
+        if _running_loop() is loop:
+            copy(done)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(copy, done)
+
+    def abandoned(waiting: asyncio.Future[T]) -> None:
+        if waiting.cancelled():
+            source.cancel()
+
+    waiter.add_done_callback(abandoned)
+    source.add_done_callback(arrived)
+    return waiter
 
 
 @dataclass(frozen=True)
@@ -59,8 +103,11 @@ class Portal:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """From a thread: run a plain callable on the loop."""
-        self.loop.call_soon_threadsafe(fn, *args)
+        """From any thread: run a plain callable on the loop (soon, never inline)."""
+        if _running_loop() is self.loop:
+            self.loop.call_soon(fn, *args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
 
     @staticmethod
     async def ask(ref: pykka.ActorRef[Any], message: object, timeout: float) -> Any:
@@ -71,7 +118,7 @@ class Portal:
         """
         reply: concurrent.futures.Future[Any] = concurrent.futures.Future()
         ref.tell(Ask(message, reply))
-        return await asyncio.wait_for(asyncio.wrap_future(reply), timeout)
+        return await asyncio.wait_for(settled(reply), timeout)
 
 
 class InFlight:
@@ -107,16 +154,29 @@ class InFlight:
 
 
 class _LoopInbox:
-    """An actor inbox whose ``put`` (from any thread) schedules the actor's turn on the loop."""
+    """An actor inbox whose ``put`` (from any thread) schedules the actor's turn on the loop.
+
+    A put on the loop itself (the usual case: every actor runs there) schedules one turn for
+    however many messages arrive before it runs, without touching the loop's wake-up pipe; a
+    put from another thread wakes the loop as it must."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[], None]) -> None:
         self._items: collections.deque[Any] = collections.deque()
         self._loop = loop
         self._wake = wake
+        self._due = False  # a turn is scheduled by a put on the loop (read on the loop only)
 
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
         self._items.append(item)
-        self._loop.call_soon_threadsafe(self._wake)
+        if _running_loop() is not self._loop:
+            self._loop.call_soon_threadsafe(self._wake)
+        elif not self._due:
+            self._due = True
+            self._loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        self._due = False
+        self._wake()
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         return self._items.popleft()
@@ -160,7 +220,10 @@ class LoopActor(pykka.Actor):
         return pykka.ThreadingFuture()
 
     def _start_actor_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._begin)
+        if _running_loop() is self._loop:
+            self._loop.call_soon(self._begin)
+        else:
+            self._loop.call_soon_threadsafe(self._begin)
 
     def _begin(self) -> None:
         self._begun = True

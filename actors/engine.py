@@ -15,7 +15,7 @@ import structlog
 
 from actors import idempotency, ids
 from actors.agent import Agent
-from actors.bridge import Portal
+from actors.bridge import Portal, settled
 from actors.cluster.partitions import partition_of
 from actors.context.history import History
 from actors.context.load import load
@@ -123,7 +123,7 @@ class Engine:
             if isinstance(result, Refused):
                 return result
             try:
-                await asyncio.wrap_future(result.committed)
+                await settled(result.committed)
             except WrongExpectedVersion as e:
                 if submit.turn_id is None or submit.request_hash is None:
                     return Refused(code=e.code, message=e.message, hint=e.hint)
@@ -198,7 +198,7 @@ class Engine:
         result: StopResult | Pending = await Portal.ask(ref, stop, _ASK_TIMEOUT)
         if isinstance(result, Pending):
             try:
-                await asyncio.wrap_future(result.committed)
+                await settled(result.committed)
             except StoreError as e:  # the queued turn stays accepted; a restart runs it
                 log.warning("stop_not_stored", turn=stop.turn_id, error=e.message)
                 return StopResult(stopping=False, state="unknown")
@@ -314,7 +314,7 @@ class Engine:
         for _, ref in sessions:
             with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
                 idle = await Portal.ask(ref, HAND_OVER, _PEEK_TIMEOUT)
-                waits.append(asyncio.wrap_future(idle))
+                waits.append(settled(idle))
         if waits:
             _, late = await asyncio.wait(waits, timeout=max(timeout, 0.001))
             if late:
@@ -382,7 +382,7 @@ async def _once_stored(ref: pykka.ActorRef[Any], command: object) -> Any:
         result: Pending | Refused = await Portal.ask(ref, command, _ASK_TIMEOUT)
         if isinstance(result, Refused):
             return result
-        await asyncio.wrap_future(result.committed)
+        await settled(result.committed)
     except StoreError as e:
         return Refused(code=e.code, message=e.message, hint=e.hint)
     return result.answer

@@ -10,10 +10,9 @@ reply goes back to where the message came from: the same chat, and the same foru
 
 from __future__ import annotations
 
-import asyncio
-
 import structlog
 
+from actors.bridge import settled
 from actors.engine import Engine
 from actors.messages import Accepted, CommandPath, Submit
 from actors.outbox import InboundMessage
@@ -90,7 +89,7 @@ class ChannelHost:
         meta = Metadata(agent_id=self._agent_id, session_key=session_key)
         stream = streams.channel(self._agent_id, message.channel_id)
         try:
-            await asyncio.wrap_future(
+            await settled(
                 self._engine.store.submit(stream, [NewEvent(event=event, metadata=meta)], ANY)
             )
         except StoreError as e:

@@ -43,6 +43,9 @@ class Command:
     """The callers' commands this one chains (see writer.chain); None for a caller's own."""
     fence: Fence | None = None
     """The partition and lease epoch it is appended under; None when it is not fenced."""
+    on_loop: bool = False
+    """Submitted on the store's event loop: answered there, with the rest of its batch in one
+    hand-over (see GroupCommitWriter.deliver_on); otherwise answered in the writer's thread."""
 
 
 def decide(

@@ -92,7 +92,9 @@ class EventStore:
         return applied
 
     async def aopen(self) -> list[str]:
-        """:meth:`open` from an event loop, plus the pool the coroutine readers use."""
+        """:meth:`open` from an event loop, plus the pool the coroutine readers use. Appends
+        submitted on this loop are answered on it, and ``on_commit`` is called on it."""
+        self._writer.deliver_on(asyncio.get_running_loop())
         applied = await asyncio.to_thread(self.open)
         await self._apool.open(wait=True, timeout=10)
         return applied
@@ -134,12 +136,16 @@ class EventStore:
         events: Sequence[NewEvent],
         expected_version: int = ANY,
         fence: Fence | None = None,
+        *,
+        blocking: bool = False,
     ) -> Future[AppendResult]:
         """Queue an append; the future resolves once it is committed (or refused).
 
         Under a ``fence`` (by default the one :attr:`fencing` names for the stream and its first
         event's metadata) the append is refused with ``Fenced`` once the partition's fence is
-        at a newer epoch."""
+        at a newer epoch. Submitted on the loop that opened the store (:meth:`aopen`), the
+        future is answered on that loop (await it with ``actors.bridge.settled``); pass
+        ``blocking`` to wait on it with ``result()`` instead."""
         if not events:
             raise InvalidAppend("an append needs at least one event", "pass one or more events")
         if expected_version < ANY:
@@ -149,7 +155,7 @@ class EventStore:
             )
         if fence is None and self.fencing is not None:
             fence = self.fencing(stream, events[0].metadata)
-        return self._writer.submit(stream, events, expected_version, fence)
+        return self._writer.submit(stream, events, expected_version, fence, blocking=blocking)
 
     def append(
         self,
@@ -163,7 +169,8 @@ class EventStore:
         """Append atomically; raises WrongExpectedVersion, EventIdReused, Fenced or
         StoreUnavailable."""
         try:
-            return self.submit(stream, events, expected_version, fence).result(timeout)
+            future = self.submit(stream, events, expected_version, fence, blocking=True)
+            return future.result(timeout)
         except FutureTimeout as e:
             raise StoreUnavailable(
                 f"the append to {stream} was not acknowledged within {timeout:g} s",

@@ -7,6 +7,7 @@ are validated slugs, session keys appear only as a hash, and anything else unsaf
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 
@@ -47,6 +48,7 @@ def token(value: str | None) -> str:
     return "h" + hashlib.sha256(value.encode()).hexdigest()[:24]
 
 
+@functools.lru_cache(maxsize=4096)  # asked for several times per turn, of a few live sessions
 def session_token(session_key: str) -> str:
     """The stable, opaque token of a session key (used in subjects and stream names)."""
     return hashlib.sha256(session_key.encode()).hexdigest()[:24]

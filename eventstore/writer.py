@@ -9,6 +9,7 @@ against the committed head; a conflicting command fails alone and its neighbours
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import queue
 import threading
@@ -57,6 +58,7 @@ _RECONNECT_DEADLINE_S = 30.0
 
 
 _STOP = object()
+_running_loop = asyncio.events._get_running_loop
 
 
 class _Row(msgspec.Struct):
@@ -102,6 +104,7 @@ class GroupCommitWriter:
         self._capacity = queue_size
         self._max_batch = max_batch
         self._conn: psycopg.Connection[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="dispach-writer", daemon=True)
         self._closed = False
         self.batches = 0
@@ -111,12 +114,28 @@ class GroupCommitWriter:
         self._conn = self._connect()
         self._thread.start()
 
+    def deliver_on(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answer the appends submitted on ``loop`` there, and call ``on_commit`` there: each
+        batch crosses from the writer's thread to the loop once, whatever its size, instead of
+        once per caller (DESIGN.md 7: one bridge between threads and the loop)."""
+        self._loop = loop
+
     def submit(
-        self, stream: str, events: Sequence[NewEvent], expected: int, fence: Fence | None = None
+        self,
+        stream: str,
+        events: Sequence[NewEvent],
+        expected: int,
+        fence: Fence | None = None,
+        *,
+        blocking: bool = False,
     ) -> Future[AppendResult]:
+        """Queue an append. ``blocking``: the caller will wait on the future in its own thread,
+        so it is answered in the writer's thread even when that thread runs the store's loop
+        (answered on the loop, a loop blocked on it would wait for itself)."""
         if self._closed:
             raise StoreClosed
-        command = Command(stream, events, expected, fence=fence)
+        on_loop = not blocking and self._loop is not None and _running_loop() is self._loop
+        command = Command(stream, events, expected, fence=fence, on_loop=on_loop)
         # Timed by the future itself, so every way an append is answered (settled, failed,
         # refused at stop) is observed once, in the thread that answers it.
         command.future.add_done_callback(partial(_observe_append, time.perf_counter()))
@@ -201,7 +220,7 @@ class GroupCommitWriter:
             except queue.Empty:
                 return
             if isinstance(item, Command):
-                item.future.set_exception(StoreClosed())
+                self._answer([(item, StoreClosed())])
 
     def _commit(self, batch: list[Command]) -> None:
         deadline = time.monotonic() + _RECONNECT_DEADLINE_S
@@ -253,23 +272,52 @@ class GroupCommitWriter:
         fenced = [c for c in batch if isinstance(outcomes[c], Fenced)]
         if fenced:
             self._fenced(fenced)
-        for command in batch:
-            outcome = outcomes[command]
-            if command.future.cancelled():
-                continue  # the caller gave up waiting (e.g. a cancelled turn); it stays stored
-            if isinstance(outcome, StoreError):
-                command.future.set_exception(outcome)
-            else:
-                command.future.set_result(outcome)
         self.batches += 1
         self.commands += callers
         if self._health is not None:
             self._health.observe(True)
-        if committed and self._on_commit is not None:
+        self._answer([(command, outcomes[command]) for command in batch], committed)
+
+    def _answer(
+        self,
+        answers: list[tuple[Command, AppendResult | StoreError]],
+        committed: Sequence[RecordedEvent] = (),
+    ) -> None:
+        """Answer the callers, then tell ``on_commit``. The answers of callers on the store's
+        loop and ``on_commit`` go to the loop together, in one hand-over; the others are
+        answered here. A closed loop has nobody left to wake: its callers are answered here."""
+        loop = self._loop
+        there = [a for a in answers if a[0].on_loop] if loop is not None else []
+        for command, outcome in answers if not there else [a for a in answers if not a[0].on_loop]:
+            _resolve(command, outcome)
+        notify = committed if self._on_commit is not None else ()
+        if loop is not None and (there or notify):
             try:
-                self._on_commit(committed)
-            except Exception:
-                log.exception("on_commit_failed")
+                loop.call_soon_threadsafe(self._delivered, there, notify)
+            except RuntimeError:  # the loop is closed
+                for command, outcome in there:
+                    _resolve(command, outcome)
+            return
+        if notify:
+            self._committed(notify)
+
+    def _delivered(
+        self,
+        answers: list[tuple[Command, AppendResult | StoreError]],
+        committed: Sequence[RecordedEvent],
+    ) -> None:
+        """On the loop: one batch's answers, then its commit notice."""
+        for command, outcome in answers:
+            _resolve(command, outcome)
+        if committed:
+            self._committed(committed)
+
+    def _committed(self, committed: Sequence[RecordedEvent]) -> None:
+        assert self._on_commit is not None
+        try:
+            self._on_commit(committed)
+        except Exception:
+            log.exception("on_commit_failed")
 
     def _fenced(self, commands: list[Command]) -> None:
         """Count the fence's refusals and tell the node each partition it lost, before the
@@ -384,9 +432,7 @@ class GroupCommitWriter:
         return decided, acceptable
 
     def _fail(self, batch: list[Command], error: StoreError) -> None:
-        for command in batch:
-            if not command.future.done():
-                command.future.set_exception(error)
+        self._answer([(command, error) for command in batch])
 
     def _connect(self) -> psycopg.Connection[Any]:
         try:
@@ -412,6 +458,15 @@ class GroupCommitWriter:
         if self._conn is not None and not self._conn.closed:
             with contextlib.suppress(psycopg.Error):
                 self._conn.rollback()
+
+
+def _resolve(command: Command, outcome: AppendResult | StoreError) -> None:
+    if command.future.done():
+        return  # the caller gave up waiting (e.g. a cancelled turn); a commit stays stored
+    if isinstance(outcome, StoreError):
+        command.future.set_exception(outcome)
+    else:
+        command.future.set_result(outcome)
 
 
 def carry_of(carry: list[Command], stream: str) -> bool:
@@ -446,7 +501,7 @@ def chain(first: Command, then: Command) -> Command:
     links = [*(first.links or [first]), then]
     merged = Command(
         first.stream, [*first.events, *then.events], first.expected, links=links,
-        fence=first.fence,
+        fence=first.fence, on_loop=all(link.on_loop for link in links),
     )  # fmt: skip
 
     def settle(done: Future[AppendResult]) -> None:

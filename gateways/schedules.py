@@ -16,7 +16,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.bridge import Portal
+from actors.bridge import Portal, settled
 from actors.messages import Accepted, DefineSchedule, RemoveSchedule, RunSchedule
 from actors.schedule.plan import ScheduleSpec, next_due, problems
 from eventstore import NO_STREAM, StoreError, WrongExpectedVersion
@@ -113,7 +113,7 @@ async def run_schedule(request: Request) -> Response:
     await _one(request, target.id, sid)
     run = RunSchedule(agent_id=target.id, schedule_id=sid)
     running = await Portal.ask(_scheduler(request), run, _ASK_TIMEOUT)
-    result = await asyncio.wait_for(asyncio.wrap_future(running), _ASK_TIMEOUT)
+    result = await asyncio.wait_for(settled(running), _ASK_TIMEOUT)
     if not isinstance(result, Accepted):
         raise refused(result)
     return json_response(AcceptedBody(turn_id=result.turn_id, session_key=result.session_key),
@@ -172,7 +172,7 @@ async def _writable(request: Request, agent_id: str, sid: str) -> _Row:
 async def _change(request: Request, change: DefineSchedule | RemoveSchedule) -> None:
     committed = await Portal.ask(_scheduler(request), change, _ASK_TIMEOUT)
     try:
-        await asyncio.wait_for(asyncio.wrap_future(committed), _ASK_TIMEOUT)
+        await asyncio.wait_for(settled(committed), _ASK_TIMEOUT)
     except WrongExpectedVersion as e:
         raise ApiError(409, "schedule_conflict", "the schedule changed while this request ran",
                        "read it again and retry") from e  # fmt: skip

@@ -10,7 +10,7 @@ import gc
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import msgspec
@@ -23,6 +23,7 @@ import uvicorn
 
 from actors import ActorHost, Portal
 from actors.agent import Agent
+from actors.bridge import settled
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
 from actors.engine import Engine
@@ -77,6 +78,8 @@ class Node:
         self.commands: Commands | None = None
         self._ingress: Ingress | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._announcing: set[asyncio.Task[None]] = set()
+        """Commit hints and outbox kicks being published (see _on_commit)."""
         self._outbox: pykka.ActorRef[Any] | None = None
         self.scheduler: pykka.ActorRef[Any] | None = None
         self._phase = "starting"
@@ -238,14 +241,21 @@ class Node:
             log.warning("nats_disconnected")
 
     def _on_commit(self, committed: Sequence[RecordedEvent]) -> None:
-        # Runs on the writer thread, right after a commit: hand the hint to the loop.
-        if self._portal is not None and self._hints is not None:
-            self._portal.spawn(self._announce(committed))
+        # Runs on the loop, right after the batch's callers were answered (the writer hands
+        # both over at once): wake this node's readers, then tell the other nodes.
+        if self.store is not None:
+            self.store.hints.notify(committed[-1].checkpoint)
+        if self._hints is not None:
+            self._background(self._hints.publish(committed))
         promised = {e.data.channel_id for e in committed if isinstance(e.data, DeliveryEnqueued)}
         if promised and self._outbox is not None:
             self._outbox.tell(KICK)  # a reply was promised: send it now, not at the next poll
-            if self._portal is not None:
-                self._portal.spawn(self._kick_others(promised))
+            self._background(self._kick_others(promised))
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._announcing.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self._announcing.discard)
 
     async def _kick_others(self, channels: set[str]) -> None:
         """Tell the other nodes' outboxes (on the no-echo connection: not this node's own)."""
@@ -257,13 +267,6 @@ class Node:
     async def _on_kick(self, _msg: Any) -> None:
         if self._outbox is not None:
             self._outbox.tell(KICK)
-
-    async def _announce(self, committed: Sequence[RecordedEvent]) -> None:
-        """Wake this node's readers, then tell the other nodes."""
-        assert self._hints is not None
-        if self.store is not None:
-            self.store.hints.notify(committed[-1].checkpoint)
-        await self._hints.publish(committed)
 
     async def stop(self) -> None:
         """Drain: refuse new work, stop actors, flush the writer, then close connections and
@@ -463,8 +466,8 @@ async def _tell(actor: pykka.ActorRef[Any], message: object) -> None:
 async def _settle(actor: pykka.ActorRef[Any], message: object, timeout: float) -> None:
     """Ask an actor something it answers with a future, and wait for that future."""
     with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
-        settled = await Portal.ask(actor, message, timeout)
-        await asyncio.wait_for(asyncio.wrap_future(settled), timeout)
+        done = await Portal.ask(actor, message, timeout)
+        await asyncio.wait_for(settled(done), timeout)
 
 
 async def _nats_error(e: Exception) -> None:

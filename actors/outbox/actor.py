@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from actors import faults
-from actors.bridge import Ask, LoopActor, Portal, answer
+from actors.bridge import Ask, LoopActor, Portal, answer, settled
 from actors.outbox.channel import Channel, SendResult
 from actors.outbox.metrics import DELIVERIES, DELIVERY_SECONDS, OUTBOX_DEPTH
 from actors.outbox.plan import Item, outbound, settle
@@ -302,9 +302,7 @@ class OutboxActor(LoopActor):
                               error=f"{type(e).__name__}: {e}")  # fmt: skip
 
     async def _append(self, stream: str, meta: Metadata, event: Event, expected: int) -> None:
-        await asyncio.wrap_future(
-            self._store.submit(stream, [NewEvent(event=event, metadata=meta)], expected)
-        )
+        await settled(self._store.submit(stream, [NewEvent(event=event, metadata=meta)], expected))
 
     # --- recovery -----------------------------------------------------------------------------
 
@@ -340,7 +338,7 @@ class OutboxActor(LoopActor):
             submitted = self._store.submit(
                 streams.outbox(item.item_id), [NewEvent(event=flag, metadata=meta)], item.version
             )
-            flags.append((item, node, resend, asyncio.wrap_future(submitted)))
+            flags.append((item, node, resend, settled(submitted)))
         outcomes = await asyncio.gather(*(f for *_, f in flags), return_exceptions=True)
         flagged = 0
         for (item, node, resend, _), outcome in zip(flags, outcomes, strict=True):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import structlog
 
-from actors.bridge import Ask, LoopActor, Portal, answer
+from actors.bridge import Ask, LoopActor, Portal, answer, settled
 from actors.messages import (
     Accepted,
     CommandPath,
@@ -281,7 +281,7 @@ class SchedulerActor(LoopActor):
                 event, sid = ScheduleRemoved(schedule_id=change.schedule_id), change.schedule_id
                 expected = change.expected
             meta = Metadata(agent_id=change.agent_id)
-            return await asyncio.wrap_future(self._engine.store.submit(
+            return await settled(self._engine.store.submit(
                 streams.schedule(change.agent_id, sid), [NewEvent(event=event, metadata=meta)],
                 expected,
             ))  # fmt: skip
@@ -302,7 +302,7 @@ class SchedulerActor(LoopActor):
     async def _append(self, agent_id: str, sid: str, event: Event, expected: int) -> bool:
         meta = Metadata(agent_id=agent_id)
         try:
-            await asyncio.wrap_future(self._engine.store.submit(
+            await settled(self._engine.store.submit(
                 streams.schedule(agent_id, sid), [NewEvent(event=event, metadata=meta)], expected
             ))  # fmt: skip
         except WrongExpectedVersion:

@@ -20,6 +20,7 @@ import structlog
 
 from actors import faults, ids
 from actors.agent import Agent
+from actors.bridge import settled
 from actors.context import load as context_load
 from actors.context.assemble import Assembly
 from actors.context.compact import Counter, prepare
@@ -671,4 +672,4 @@ class TurnRunner:
         self._send(events)
         in_flight, self._in_flight = self._in_flight, []
         for future in in_flight:
-            await asyncio.wrap_future(future)
+            await settled(future)
