@@ -355,7 +355,9 @@ class TurnRunner:
         assembled = ContextAssembled(slots=assembly.slots, total=assembly.total,
                                      budget=policy.budget, window=policy.window,
                                      breakpoints=assembly.breakpoints)  # fmt: skip
-        self._send([*stages, assembled, pressure])
+        # Staged: they go to the log with the model.call below (one append, not two), or with
+        # the turn's end when the request cannot be sent.
+        self._stage([*stages, assembled, pressure])
         if prepared.over:  # on the record (what would not fit, and why), never sent
             raise ModelError(
                 "context_over_budget",
