@@ -13,6 +13,9 @@ import msgspec
 
 from eventstore.errors import DispachError
 
+_ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
+
 
 class Reasoning(msgspec.Struct, frozen=True, kw_only=True):
     """How much the model may think before it answers (the manifest's ``model.thinking``).
@@ -30,12 +33,33 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Text blocks, Anthropic's shape (``cache_control`` markers included)."""
     messages: list[dict[str, Any]]
     """The conversation in Anthropic's shape: the history's canonical form, whatever the
-    provider (an adapter for another API converts it)."""
+    provider (an adapter for another API converts it). When ``history`` is set, these are the
+    messages after it (the last message of the history, the input, this turn's); the whole
+    conversation is :meth:`conversation`."""
     tools: list[dict[str, Any]]
     """Our tools (``name``, ``description``, ``input_schema``) and the provider's server tools
     (those with a ``type``), in Anthropic's shape."""
     max_tokens: int
     reasoning: Reasoning | None = None
+    history: bytes = b""
+    """The messages before ``messages``, as stored: JSON array items joined by commas, in the
+    same shape. Not decoded by the turn (a window's worth of objects per call); an adapter that
+    needs them as objects calls :meth:`conversation`."""
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """Every message as objects (the history decoded afresh; without one, ``messages``)."""
+        if not self.history:
+            return self.messages
+        decoded: list[dict[str, Any]] = _DECODE(b"[" + self.history + b"]")
+        decoded.extend(self.messages)
+        return decoded
+
+    def size(self) -> int:
+        """The bytes of the whole conversation as one JSON array, without decoding it."""
+        tail = len(_ENCODE(self.messages))
+        if not self.history:
+            return tail
+        return len(self.history) + tail + (1 if self.messages else 0)
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

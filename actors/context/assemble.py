@@ -73,7 +73,12 @@ class Pinned:
 
 class Assembly(msgspec.Struct, frozen=True, kw_only=True):
     system: list[dict[str, Any]]
-    messages: list[dict[str, Any]]
+    history: bytes
+    """The messages before ``tail``, as JSON array items joined by commas, not decoded: a model
+    call hands them on as they are (see ``ModelRequest.history``), so a turn does not build
+    objects for the whole window to send it (b"" when there are none)."""
+    tail: list[dict[str, Any]]
+    """The messages from the history's last one on (marked), the input and this turn's."""
     slots: list[ContextSlot]
     texts: list[str | None]
     """Each slot's text, where it has one (not the tools, the history or this turn)."""
@@ -82,6 +87,20 @@ class Assembly(msgspec.Struct, frozen=True, kw_only=True):
     compactable: int
     """The part of ``total`` that compaction can shrink: digest and history."""
     breakpoints: int
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """Every message, decoded: new objects on every call, the caller may change them."""
+        return joined(self.history, self.tail)
+
+
+def joined(history: bytes, tail: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of ``history`` (JSON array items) decoded, followed by ``tail``."""
+    if not history:
+        return list(tail)
+    decoded: list[dict[str, Any]] = _DECODE(b"[" + history + b"]")
+    decoded.extend(tail)
+    return decoded
 
 
 def digest_text(history: History) -> str | None:
@@ -112,6 +131,13 @@ class Rendered(msgspec.Struct, frozen=True, gc=False):
     """The digest block's text (None without a digest)."""
     digest_tokens: int
     tokens: int
+
+    def last(self) -> list[dict[str, Any]]:
+        """The last message alone, decoded (a new object); [] when there is none. The others
+        are :attr:`closed`."""
+        if not self.role:
+            return []
+        return [_DECODE(b'{"role":"%s","content":[%s]}' % (self.role.encode(), self.blocks))]
 
     def messages(self) -> list[dict[str, Any]]:
         """The messages, decoded: new objects on every call, the caller may change them."""
@@ -216,7 +242,7 @@ def assemble(
     if rendered.digest is not None:
         slot("digest", rendered.digest_tokens, False, rendered.digest)
     slot("history", rendered.tokens, False)
-    messages = rendered.messages()
+    messages = rendered.last()  # the closed messages before it are sent as they are stored
     if messages and _mark_last(messages):
         breakpoints += 1
     _append(messages, "user", [{"type": "text", "text": text}])
@@ -230,7 +256,8 @@ def assemble(
     if _mark_last(messages):
         breakpoints += 1
     total = sum(s.tokens for s in slots)
-    return Assembly(system=system, messages=messages, slots=slots, texts=texts, total=total,
+    return Assembly(system=system, history=rendered.closed, tail=messages, slots=slots,
+                    texts=texts, total=total,
                     compactable=rendered.digest_tokens + rendered.tokens,
                     breakpoints=breakpoints)  # fmt: skip
 

@@ -294,8 +294,8 @@ class TurnRunner:
 
         async def counter(assembly: Assembly) -> int | None:
             request = ModelRequest(model=agent.model_id, system=assembly.system,
-                                   messages=assembly.messages, tools=agent.pinned.tools,
-                                   max_tokens=1)  # fmt: skip
+                                   history=assembly.history, messages=assembly.tail,
+                                   tools=agent.pinned.tools, max_tokens=1)  # fmt: skip
             try:
                 counted: int = await count(request)
             except ModelError as e:  # the local estimate serves; the call itself may still work
@@ -374,7 +374,8 @@ class TurnRunner:
             request = ModelRequest(
                 model=agent.model_id,
                 system=assembly.system,
-                messages=assembly.messages,
+                history=assembly.history,
+                messages=assembly.tail,
                 tools=agent.pinned.tools,
                 max_tokens=max_tokens,
                 reasoning=agent.reasoning,

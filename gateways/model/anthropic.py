@@ -105,7 +105,7 @@ class AnthropicModel:
             counted = await self._client.messages.count_tokens(
                 model=request.model,
                 system=request.system or anthropic.omit,  # type: ignore[arg-type]
-                messages=request.messages,  # type: ignore[arg-type]
+                messages=request.conversation(),  # type: ignore[arg-type]
                 tools=request.tools or anthropic.omit,  # type: ignore[arg-type]
             )
         except anthropic.APIStatusError as e:
@@ -132,7 +132,7 @@ class AnthropicModel:
                             max_tokens=request.max_tokens,
                             # An empty list would still go on the wire; leave it out instead.
                             system=request.system or anthropic.omit,  # type: ignore[arg-type]
-                            messages=request.messages,  # type: ignore[arg-type]
+                            messages=request.conversation(),  # type: ignore[arg-type]
                             tools=request.tools or anthropic.omit,  # type: ignore[arg-type]
                             thinking=thinking or anthropic.omit,  # type: ignore[arg-type]
                             stream=True,

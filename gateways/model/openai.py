@@ -200,7 +200,7 @@ class OpenAIModel:
         return converted
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
-        messages = chat_messages(request.system, request.messages)
+        messages = chat_messages(request.system, request.conversation())
         tools = self._function_tools(request.tools) if request.tools else None
         effort = request.reasoning.effort if request.reasoning is not None else None
         limit = {self._max_tokens_param: request.max_tokens}

@@ -66,7 +66,7 @@ class ScriptedModel:
             content=content,
             stop_reason="tool_use" if has_tools else "end_turn",
             usage=Usage(
-                input_tokens=len(msgspec.json.encode(request.messages)) // 4,
+                input_tokens=request.size() // 4,  # the history is not decoded for it
                 output_tokens=max(1, len(msgspec.json.encode(content)) // 4),
             ),
             first_token_ms=0,
