@@ -117,7 +117,7 @@ class GroupCommitWriter:
     def deliver_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Answer the appends submitted on ``loop`` there, and call ``on_commit`` there: each
         batch crosses from the writer's thread to the loop once, whatever its size, instead of
-        once per caller (DESIGN.md 7: one bridge between threads and the loop)."""
+        once per caller (DESIGN.md 5: one hop per writer batch, not per command)."""
         self._loop = loop
 
     def submit(
@@ -285,10 +285,12 @@ class GroupCommitWriter:
     ) -> None:
         """Answer the callers, then tell ``on_commit``. The answers of callers on the store's
         loop and ``on_commit`` go to the loop together, in one hand-over; the others are
-        answered here. A closed loop has nobody left to wake: its callers are answered here."""
+        answered here. A closed loop has nobody left to wake or tell: its callers are answered
+        here and ``on_commit`` is not called."""
         loop = self._loop
         there = [a for a in answers if a[0].on_loop] if loop is not None else []
-        for command, outcome in answers if not there else [a for a in answers if not a[0].on_loop]:
+        here = [a for a in answers if not a[0].on_loop] if there else answers
+        for command, outcome in here:
             _resolve(command, outcome)
         notify = committed if self._on_commit is not None else ()
         if loop is not None and (there or notify):
