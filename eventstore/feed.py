@@ -14,14 +14,22 @@ switches to the feed without a gap or a repeat:
 
 Memory stays bounded: a subscription whose reader falls behind by more than its buffer drops its
 queue and catches up from Postgres again, from the last event it delivered. Lossless either way.
+
+A turn this node runs is also held in memory as the writer commits it (:meth:`Feed.remember`,
+handed the node's own commits on the loop, in commit order): a reader of that turn gets what
+memory holds at once, without a query, and its catch-up from Postgres starts after it. Memory
+serves a turn only while it holds the turn's stream complete, from its first event without a
+gap; the catch-up still runs, because a committed event can reach the tail before the writer's
+hand-over reaches memory (the tail reads after a hint or a poll), and the turn may have moved on
+on another node.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
-from collections.abc import AsyncIterator
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Sequence
 
 import msgspec
 import structlog
@@ -33,6 +41,9 @@ from eventstore.store import EventStore
 log = structlog.get_logger("dispach.feed")
 
 _PAGE = 500
+_RECENT_EVENTS = 4096
+"""Events of recent turns held in memory, all turns together (the oldest turns go first)."""
+_TURN_STREAM = "turn-"
 CHUNK = "model.chunk"
 REASONING = "reasoning"
 """The ``kind`` of a ``model.chunk`` that carries the model's thinking, not its answer."""
@@ -128,6 +139,13 @@ class Subscription:
             except TimeoutError:
                 return []
 
+    def start_after(self, events: Sequence[RecordedEvent]) -> list[RecordedEvent]:
+        """The reader has ``events`` already (from :meth:`Feed.recent`): the catch-up goes on
+        after the last of them. Returns those of this subscription's scope."""
+        if events:
+            self.last = max(self.last, events[-1].checkpoint)
+        return [e for e in events if self.scope.matches(e)]
+
     @property
     def catching_up(self) -> bool:
         return self._catch_up
@@ -187,6 +205,38 @@ class Feed:
         self._tail: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
         self._idle: asyncio.TimerHandle | None = None
+        self._recent: OrderedDict[str, list[RecordedEvent]] = OrderedDict()
+        self._held = 0
+
+    def remember(self, committed: Sequence[RecordedEvent]) -> None:
+        """This node's own commits, in commit order (on the loop): turn streams are held while
+        complete from their first event, up to ``_RECENT_EVENTS`` events in all."""
+        for event in committed:
+            if not event.stream.startswith(_TURN_STREAM):
+                continue
+            held = self._recent.get(event.stream)
+            if held is None:
+                if event.version != 0:
+                    continue  # begun elsewhere (a resumed turn): Postgres has its start
+                held = self._recent[event.stream] = []
+            elif held[-1].version + 1 != event.version:
+                self._forget(event.stream)  # a gap: another node wrote to it meanwhile
+                continue
+            held.append(event)
+            self._held += 1
+        while self._held > _RECENT_EVENTS and self._recent:
+            self._forget(next(iter(self._recent)))
+
+    def _forget(self, stream: str) -> None:
+        self._held -= len(self._recent.pop(stream, ()))
+
+    def recent(self, turn_id: str, after: Checkpoint) -> list[RecordedEvent] | None:
+        """The turn's events after ``after`` from memory, or None when memory does not hold
+        the turn from its first event (read it from Postgres)."""
+        held = self._recent.get(_TURN_STREAM + turn_id)
+        if held is None:
+            return None
+        return [e for e in held if e.checkpoint > after]
 
     @property
     def subscribers(self) -> int:

@@ -236,7 +236,14 @@ async def turn_backlog(
     feed: Feed, sub: Subscription, turn_id: str, start: Checkpoint
 ) -> tuple[list[RecordedEvent], RecordedEvent | None]:
     """What a turn subscription replays before it goes live, and the turn's ``turn.end`` if the
-    reader will see no more (it is in the replay, or the reader resumed after it)."""
+    reader will see no more (it is in the replay, or the reader resumed after it).
+
+    A turn this node committed from its start is replayed from memory, without a query (read
+    after subscribing, so nothing falls between); the subscription's catch-up from Postgres then
+    goes on after it (eventstore/feed.py)."""
+    held = feed.recent(turn_id, start)
+    if held:
+        return sub.start_after(held), next((e for e in held if isinstance(e.data, TurnEnd)), None)
     backlog = await sub.backlog()
     ended = next((e for e in backlog if isinstance(e.data, TurnEnd)), None)
     if ended is None and not backlog:

@@ -243,6 +243,8 @@ class Node:
     def _on_commit(self, committed: Sequence[RecordedEvent]) -> None:
         # Runs on the loop, right after the batch's callers were answered (the writer hands
         # both over at once): wake this node's readers, then tell the other nodes.
+        if self.feed is not None:
+            self.feed.remember(committed)  # a reader of a turn run here starts from memory
         if self.store is not None:
             self.store.hints.notify(committed[-1].checkpoint)
         if self._hints is not None:
