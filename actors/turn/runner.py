@@ -9,6 +9,7 @@ those events, so a turn resumed after a crash picks up exactly where its log end
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -115,6 +116,10 @@ def _waited(stored: Sequence[RecordedEvent]) -> float:
 _DEFAULT_CHUNK = 4096
 _CHUNK_CHARS = 512
 _CHUNK_SECONDS = 0.05
+_CALL_SEND_S = 0.005
+"""How long a model call's ``model.call`` (and the context before it) waits to share a commit
+with what the model answers: a model that replies at once (the scripted one, a cached reply)
+makes the whole step one commit; a slow one has it on the record 5 ms into the call."""
 _CANCELLED = (
     "cancelled: the turn ended before this tool call finished; any side effect it had may "
     "already have happened"
@@ -369,8 +374,8 @@ class TurnRunner:
         max_tokens = max(1, min(remaining_output(state, agent.limits, agent.max_tokens_per_call),
                                 policy.window - prepared.tokens))  # fmt: skip
         while True:
-            self._send([ModelCall(role="main", model=agent.model_id,
-                                  prompt_tokens=prepared.tokens)])  # fmt: skip
+            self._stage([ModelCall(role="main", model=agent.model_id,
+                                   prompt_tokens=prepared.tokens)])  # fmt: skip
             request = ModelRequest(
                 model=agent.model_id,
                 system=assembly.system,
@@ -406,6 +411,7 @@ class TurnRunner:
         started = time.monotonic()
         last_flush = started
         completed: Completed | None = None
+        early = asyncio.get_running_loop().call_later(_CALL_SEND_S, self._send_staged)
         try:
             async for event in agent.model.stream(request):
                 match event:
@@ -438,6 +444,8 @@ class TurnRunner:
                 time.monotonic() - started
             )
             raise
+        finally:
+            early.cancel()
         self._latency = time.monotonic() - started
         MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(self._latency)
         if completed.usage.prompt_tokens:
@@ -655,7 +663,7 @@ class TurnRunner:
         ``model.call`` to commit.
         """
         self._stage(events)
-        staged, self._staged = self._staged, []
+        staged = self._staged
         if not staged:
             return
         base = self._meta
@@ -666,9 +674,17 @@ class TurnRunner:
                 for e, step in staged
             ],
             self._sent_version,
-        )
+        )  # a refusal to take it (closed, overloaded) leaves the events staged
+        self._staged = []
         self._sent_version += len(staged)
         self._in_flight.append(future)
+
+    def _send_staged(self) -> None:
+        """A model call still runs after ``_CALL_SEND_S``: put what is staged on the record
+        now (its model.call). Called by a timer: a store that refuses to take it now is told
+        to the turn by its next append, which carries the same events."""
+        with contextlib.suppress(StoreError):
+            self._send()
 
     async def _append(self, events: Sequence[Event] = ()) -> None:
         """Submit (as :meth:`_send`) and wait until everything sent so far is committed."""
