@@ -27,6 +27,15 @@ _running_loop = asyncio.events._get_running_loop
 """The loop running in this thread, or None (asyncio's own C-level check, no exception)."""
 
 
+def soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> None:
+    """From any thread: run ``fn`` on ``loop`` soon (never inline), through the loop's wake-up
+    pipe only when called from another thread."""
+    if _running_loop() is loop:
+        loop.call_soon(fn, *args)
+    else:
+        loop.call_soon_threadsafe(fn, *args)
+
+
 def settled(source: concurrent.futures.Future[T]) -> asyncio.Future[T]:
     """On the loop: an awaitable for a future answered anywhere (an actor's reply, an append).
 
@@ -103,11 +112,8 @@ class Portal:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """From any thread: run a plain callable on the loop (soon, never inline)."""
-        if _running_loop() is self.loop:
-            self.loop.call_soon(fn, *args)
-        else:
-            self.loop.call_soon_threadsafe(fn, *args)
+        """From any thread: run a plain callable on the loop (see :func:`soon`)."""
+        soon(self.loop, fn, *args)
 
     @staticmethod
     async def ask(ref: pykka.ActorRef[Any], message: object, timeout: float) -> Any:
@@ -220,10 +226,7 @@ class LoopActor(pykka.Actor):
         return pykka.ThreadingFuture()
 
     def _start_actor_loop(self) -> None:
-        if _running_loop() is self._loop:
-            self._loop.call_soon(self._begin)
-        else:
-            self._loop.call_soon_threadsafe(self._begin)
+        soon(self._loop, self._begin)
 
     def _begin(self) -> None:
         self._begun = True

@@ -47,12 +47,8 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
     needs them as objects calls :meth:`conversation`."""
 
     def conversation(self) -> list[dict[str, Any]]:
-        """Every message as objects (the history decoded afresh; without one, ``messages``)."""
-        if not self.history:
-            return self.messages
-        decoded: list[dict[str, Any]] = _DECODE(b"[" + self.history + b"]")
-        decoded.extend(self.messages)
-        return decoded
+        """Every message as objects, in a new list (the history decoded afresh)."""
+        return joined(self.history, self.messages)
 
     def size(self) -> int:
         """The bytes of the whole conversation as one JSON array, without decoding it."""
@@ -60,6 +56,16 @@ class ModelRequest(msgspec.Struct, frozen=True, kw_only=True):
         if not self.history:
             return tail
         return len(self.history) + tail + (1 if self.messages else 0)
+
+
+def joined(history: bytes, tail: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of ``history`` (JSON array items joined by commas) decoded, then ``tail``,
+    in a new list."""
+    if not history:
+        return list(tail)
+    decoded: list[dict[str, Any]] = _DECODE(b"[" + history + b"]")
+    decoded.extend(tail)
+    return decoded
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):

@@ -35,6 +35,7 @@ from actors.context.history import (
     text_tokens,
     wire,
 )
+from actors.model import joined
 from eventstore.catalogue import ContextSlot
 
 _BREAKPOINT = {"type": "ephemeral"}
@@ -94,15 +95,6 @@ class Assembly(msgspec.Struct, frozen=True, kw_only=True):
         return joined(self.history, self.tail)
 
 
-def joined(history: bytes, tail: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages of ``history`` (JSON array items) decoded, followed by ``tail``."""
-    if not history:
-        return list(tail)
-    decoded: list[dict[str, Any]] = _DECODE(b"[" + history + b"]")
-    decoded.extend(tail)
-    return decoded
-
-
 def digest_text(history: History) -> str | None:
     digest = history.view.digest
     if digest is None:
@@ -135,18 +127,14 @@ class Rendered(msgspec.Struct, frozen=True, gc=False):
     def last(self) -> list[dict[str, Any]]:
         """The last message alone, decoded (a new object); [] when there is none. The others
         are :attr:`closed`."""
-        if not self.role:
-            return []
-        return [_DECODE(b'{"role":"%s","content":[%s]}' % (self.role.encode(), self.blocks))]
+        return [_DECODE(self._last_json())] if self.role else []
 
     def messages(self) -> list[dict[str, Any]]:
         """The messages, decoded: new objects on every call, the caller may change them."""
-        if not self.role:
-            return []
-        last = b'{"role":"%s","content":[%s]}' % (self.role.encode(), self.blocks)
-        items = self.closed + b"," + last if self.closed else last
-        messages: list[dict[str, Any]] = _DECODE(b"[" + items + b"]")
-        return messages
+        return joined(self.closed, self.last())
+
+    def _last_json(self) -> bytes:
+        return b'{"role":"%s","content":[%s]}' % (self.role.encode(), self.blocks)
 
 
 def render(history: History, keep_tokens: int) -> Rendered:
