@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers, QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateways import console
 from gateways.errors import deny
 from gateways.streamtokens import StreamGrant, StreamTokens
 
@@ -192,9 +193,9 @@ def _body_refusal(
 
 
 def _open(path: str) -> bool:
-    """Paths anyone may call: health, readiness, the API document, and providers' webhooks
-    (each channel checks its provider's own secret)."""
-    return path in OPEN_PATHS or path.startswith(WEBHOOK_PREFIX)
+    """Paths anyone may call: health, readiness, the API document, providers' webhooks (each
+    channel checks its provider's own secret), and the console's files (they hold no data)."""
+    return path in OPEN_PATHS or path.startswith(WEBHOOK_PREFIX) or console.is_console(path)
 
 
 def _presented(scope: Scope, headers: Headers, query: QueryParams) -> str | None:

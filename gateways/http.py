@@ -14,7 +14,18 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from gateways import api, approvals, context, hooks, openapi, schedules, sessions, sse, ws
+from gateways import (
+    api,
+    approvals,
+    console,
+    context,
+    hooks,
+    openapi,
+    schedules,
+    sessions,
+    sse,
+    ws,
+)
 from gateways.api import ApiError, Runtime
 from gateways.auth import Guard, TokenTable
 from gateways.errors import error_response, json_response
@@ -118,6 +129,7 @@ def create_app(
         Route("/v1/channels/{channel}/webhook/{agent}", hooks.channel_webhook, methods=["POST"]),
         Route("/v1/stream-tokens", sse.create_stream_token, methods=["POST"]),
         WebSocketRoute("/v1/ws", ws.websocket_endpoint),
+        *console.routes(),
     ]
 
     async def api_error(request: Request, exc: Exception) -> Response:

@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateways import console
 from gateways.api import Runtime
 from gateways.auth import OPEN_PATHS, SSE_STREAMS
 from gateways.errors import deny, error_response
@@ -39,6 +40,12 @@ ALWAYS_OPEN = OPEN_PATHS | {"/metrics"}
 _READS = ("GET", "HEAD")
 
 
+def _always_open(path: str) -> bool:
+    """Answered whatever the node's state: health, readiness, the API document, metrics, and the
+    console's files (the page then reports what the API answers)."""
+    return path in ALWAYS_OPEN or console.is_console(path)
+
+
 class Readiness:
     """ASGI middleware in front of the routes (innermost: after the Host, Origin and token
     checks, so a refusal says nothing to a caller that may not call)."""
@@ -48,7 +55,8 @@ class Readiness:
         self.runtime = runtime
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket") and scope["path"] not in ALWAYS_OPEN:
+        path = scope.get("path", "")
+        if scope["type"] in ("http", "websocket") and not _always_open(path):
             refusal = self.refusal(scope)
             if refusal is not None and _routed(scope):
                 code, message, hint = refusal
