@@ -54,7 +54,8 @@ from tests.turns import wait_end
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = 30
 STREAMS = frozenset({"/v1/agents/{agent}/turns/{turn_id}/stream", "/v1/events"})
-UNDOCUMENTED = frozenset({"/metrics", "/v1/ws"})
+# Not API v1: Prometheus, the WebSocket (docs/api.md), the console's files (docs/console.md).
+UNDOCUMENTED = frozenset({"/metrics", "/v1/ws", "/", "/console", "/console/{path:path}"})
 STOP = "POST /v1/agents/{agent}/turns/{turn_id}/stop"
 RELOAD = "POST /v1/agents/{agent}/reload"
 PHASE = "POST /v1/agents/{agent}/sessions/{key}/phase"
