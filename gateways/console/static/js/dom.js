@@ -83,8 +83,10 @@ export function when(iso) {
   return h("time", { datetime: iso, title: iso }, text);
 }
 
+const numbers = new Intl.NumberFormat("en-US"); // one formatter: toLocaleString makes one a call
+
 export function num(n) {
-  return n === undefined || n === null ? "—" : Number(n).toLocaleString("en-US");
+  return n === undefined || n === null ? "—" : numbers.format(n);
 }
 
 export function badge(text, kind) {

@@ -71,13 +71,13 @@ function parseRef(ref) {
 
 export async function compareView(main, { query: q }) {
   const refs = [q.get("a"), q.get("b")];
-  const columns = await Promise.all(refs.map(async (ref) => {
+  const columns = await Promise.all(refs.map(async (ref, side) => {
     const [agent, key] = parseRef(ref);
     if (!agent) return h("section", { class: "column" }, h("p", { class: "empty" }, "Name a session as agent/key."));
     try {
       const page = await api(agentPath(agent, "turns") + query({ sessionKey: key, limit: 100 }));
       const summary = await api(agentPath(agent, "sessions", encodeURIComponent(key))).catch(() => null);
-      return h("section", { class: "column", "aria-label": `${agent}/${key}` },
+      return h("section", { class: "column", "aria-label": `${side ? "right" : "left"}: ${agent}/${key}` },
         h("h2", {}, link(route("agents", agent, "sessions", key), `${agent}/${key}`)),
         summary && summary.forkedFrom ? h("p", { class: "meta" }, `forked from ${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey} at ${summary.forkedFrom.turnId}`) : null,
         h("ol", { class: "compare-turns" }, page.turns.slice().reverse().map((t) => h("li", { dataset: { turnId: t.turnId } },

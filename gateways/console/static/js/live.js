@@ -24,6 +24,7 @@ export class Live {
     this.source = null;
     this.closed = false;
     this.retries = 0;
+    this.subscribed = new Promise((resolve) => { this.onSubscribed = resolve; });
   }
 
   async start(after) {
@@ -56,6 +57,7 @@ export class Live {
     for (const control of ["stream.subscribed", "stream.replay", "stream.ended"]) {
       source.addEventListener(control, (frame) => {
         this.onState("live");
+        this.onSubscribed();
         this.onControl(control, JSON.parse(frame.data));
       });
     }

@@ -24,16 +24,20 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
 
   const forkTurn = (turn) => ctx.go(withQuery(route("agents", agent, "sessions", key, "fork"), { turn: turn.turnId }));
 
-  const summary = await api(agentPath(agent, "sessions", enc(key))).catch((err) => (err.status === 404 ? null : Promise.reject(err)));
+  const meta = h("span", {}, "…");
   const box = messageBox(agent, key, note);
-  replace(main, h("nav", { class: "crumbs", "aria-label": "breadcrumb" }, link(route(), "Agents"), " / ", link(route("agents", agent), agent), " / ", key),
+  replace(main,
+    h("nav", { class: "crumbs", "aria-label": "breadcrumb" }, link(route(), "Agents"), " / ", link(route("agents", agent), agent), " / ", key),
     h("h1", {}, "Session ", h("code", {}, key)),
-    h("p", { class: "meta" },
-      summary ? [`${summary.turns} turns · ${summary.messages} messages in history · last active `, when(summary.lastActivityAt)] : "No turns yet: send the first message below.",
-      summary && summary.forkedFrom ? [" · forked from ", link(route("agents", summary.forkedFrom.agentId, "sessions", summary.forkedFrom.sessionKey), `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`), " at ", h("code", {}, summary.forkedFrom.turnId),
-        " · ", link(withQuery(route("compare"), { a: `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`, b: `${agent}/${key}` }), "compare")] : null,
-      " · ", state),
+    h("p", { class: "meta" }, meta, " · ", state),
     older, list, note, box);
+
+  // The summary is read beside the turns, not before them.
+  api(agentPath(agent, "sessions", enc(key))).then((summary) => replace(meta,
+    `${summary.turns} turns · ${summary.messages} messages in history · last active `, when(summary.lastActivityAt),
+    summary.forkedFrom ? [" · forked from ", link(route("agents", summary.forkedFrom.agentId, "sessions", summary.forkedFrom.sessionKey), `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`), " at ", h("code", {}, summary.forkedFrom.turnId),
+      " · ", link(withQuery(route("compare"), { a: `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`, b: `${agent}/${key}` }), "compare")] : null),
+  ).catch((err) => replace(meta, err.status === 404 ? "No turns yet: send the first message below." : `${err.code}: ${err.message}`));
 
   function view(turn) {
     let tv = turns.get(turn.turnId);
@@ -42,6 +46,12 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
       turns.set(turn.turnId, tv);
     }
     return tv;
+  }
+
+  /** Turns listed since the page was first listed (newest last). */
+  async function newest() {
+    const page = await api(agentPath(agent, "turns") + query({ sessionKey: key, limit: PAGE }));
+    return page.turns.filter((t) => !turns.has(t.turnId)).reverse();
   }
 
   async function loadPage() {
@@ -72,6 +82,7 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
     if (!tv && event.type === "turn.start") {
       tv = view({ turnId: event.turnId, status: "running", input: event.data.input, startedAt: event.ts });
       tv.startLive();
+      list.querySelector(":scope > p.empty")?.remove();
       list.append(tv.el);
       tv.toggle(true);
     }
@@ -97,8 +108,10 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
     onState: (s, err) => { state.textContent = s === "failed" ? `stream refused: ${err.code}` : s; },
   });
   ctx.onLeave(() => live.close());
-  // Subscribe first, then list: an event between the two is in both, and shown once.
-  await live.start(lastCursor);
+  // The stream and the stored turns are read at once. An event in both is shown once; a turn
+  // that began before the subscription took hold but after the list was read is found by
+  // listing the newest turns again once it has.
+  live.start(lastCursor);
   try {
     const fresh = await loadPage();
     listed = true;
@@ -109,6 +122,11 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
     await Promise.all(open.map((t) => view(t).toggle(true)));
     performance.mark("dispach.timeline.ready");
     if (!count) list.append(h("p", { class: "empty" }, "No turns in this session yet."));
+    await live.subscribed;
+    for (const t of await newest()) {
+      list.append(view(t).el);
+      view(t).toggle(true);
+    }
   } catch (err) {
     replace(list, problem(err));
   }

@@ -6,6 +6,8 @@
 import { agentPath, api, enc, query } from "./api.js";
 import { brief, clock, h, link, num, pretty, route, status, withQuery, replace } from "./dom.js";
 
+const EVENTS_PAGE = 1000;
+
 /** One line per event type: what a person wants to read at a glance. */
 const SUMMARY = {
   "turn.start": (d) => [d.source, " · ", brief(d.input, 200)],
@@ -101,12 +103,20 @@ export class TurnView {
   load() {
     if (this.loaded) return Promise.resolve();
     this.loading ??= (async () => {
-      let after = "";
+      // Page after page; the next one is asked for while this one renders.
+      const path = agentPath(this.agent, "turns", enc(this.turn.turnId), "events");
+      const ask = (after) => api(path + query({ after, limit: EVENTS_PAGE }));
+      let next = ask("");
       for (;;) {
-        const page = await api(agentPath(this.agent, "turns", enc(this.turn.turnId), "events") + query({ after, limit: 1000 }));
+        const page = await next;
+        const more = page.next && page.events.length === EVENTS_PAGE;
+        if (more) next = ask(page.next);
         this.render(page.events);
-        if (!page.next || page.events.length < 1000) break;
-        after = page.next;
+        if (!this.painted) {
+          this.painted = true;
+          performance.mark("dispach.timeline.painted"); // the first events are on the page
+        }
+        if (!more) break;
       }
       this.loaded = true;
       const waiting = this.pending;
