@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 import httpx2
 import msgspec
@@ -229,6 +230,81 @@ class Client:
         """The agents this client may reach: ``id``, ``name``, ``status``, ``model``, …"""
         return _JSON_LIST.decode(self._request("GET", "/v1/agents").content)
 
+    def agent(self, agent: str) -> dict[str, Any]:
+        """One agent in detail: model, tool count, ``limits``, ``channels``, ``schedules``, …"""
+        return _JSON.decode(self._request("GET", f"/v1/agents/{_seg(agent)}").content)
+
+    def tools(self, agent: str) -> list[dict[str, Any]]:
+        """The agent's tools: ``slug``, ``summary``, ``mutating``, ``policy``, ``timeoutS``, …"""
+        return _JSON_LIST.decode(self._request("GET", f"/v1/agents/{_seg(agent)}/tools").content)
+
+    def schedules(self, agent: str) -> list[dict[str, Any]]:
+        """The agent's schedules (its manifest's and those made over the API)."""
+        path = f"/v1/agents/{_seg(agent)}/schedules"
+        return list(_JSON.decode(self._request("GET", path).content)["schedules"])
+
+    def sessions(
+        self,
+        agent: str,
+        *,
+        q: str | None = None,
+        status: str | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """The agent's sessions, most recently active first; ``q`` keeps the keys that contain
+        it, ``status`` those whose last turn ended so (a node that predates either ignores it)."""
+        params = {k: str(v) for k, v in (("q", q), ("status", status), ("limit", limit))
+                  if v is not None}  # fmt: skip
+        path = f"/v1/agents/{_seg(agent)}/sessions"
+        return _JSON_LIST.decode(self._request("GET", path, params=params).content)
+
+    def session(self, agent: str, key: str) -> dict[str, Any]:
+        """One session's summary: ``turns``, ``messages``, ``lastTurnId``, times."""
+        path = f"/v1/agents/{_seg(agent)}/sessions/{_seg(key)}"
+        return _JSON.decode(self._request("GET", path).content)
+
+    def messages(
+        self, agent: str, key: str, *, limit: int | None = None, before: int | None = None
+    ) -> dict[str, Any]:
+        """A page of the session's history, newest first (``messages``, ``nextBefore``)."""
+        params = {k: str(v) for k, v in (("limit", limit), ("before", before)) if v is not None}
+        path = f"/v1/agents/{_seg(agent)}/sessions/{_seg(key)}/messages"
+        return _JSON.decode(self._request("GET", path, params=params).content)
+
+    def fork(
+        self,
+        agent: str,
+        key: str,
+        at_turn: str | int,
+        *,
+        new_key: str | None = None,
+        to_agent: str | None = None,
+    ) -> dict[str, Any]:
+        """Start a new session from this one's history up to and including a turn (its id, or
+        its 1-based index); the source is untouched. Returns the new session and its origin."""
+        body: dict[str, object] = {"atTurn": at_turn}
+        if new_key is not None:
+            body["newKey"] = new_key
+        if to_agent is not None:
+            body["agent"] = to_agent
+        path = f"/v1/agents/{_seg(agent)}/sessions/{_seg(key)}/fork"
+        return _JSON.decode(self._request("POST", path, json=body).content)
+
+    def approvals(self, agent: str) -> list[dict[str, Any]]:
+        """The agent's tool calls waiting for a person (``approvalId``, ``slug``, ``turnId``, …)."""
+        path = f"/v1/agents/{_seg(agent)}/approvals"
+        return list(_JSON.decode(self._request("GET", path).content)["approvals"])
+
+    def decide(
+        self, agent: str, approval_id: str, granted: bool, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Answer an approval: the turn runs the call (granted) or reads a refusal."""
+        body: dict[str, object] = {"granted": granted}
+        if reason is not None:
+            body["reason"] = reason
+        path = f"/v1/agents/{_seg(agent)}/approvals/{_seg(approval_id)}"
+        return _JSON.decode(self._request("POST", path, json=body).content)
+
     def stream_turn(
         self,
         agent: str,
@@ -345,6 +421,11 @@ def _retry_wait(error: ClientError) -> float | None:
     if error.code == "accept_timeout":
         return 0.1
     return None
+
+
+def _seg(value: str) -> str:
+    """``value`` as one path segment (a session key may hold ``?``, ``#`` or spaces)."""
+    return quote(value, safe=":@")
 
 
 class _StreamOver(Exception):

@@ -13,6 +13,7 @@ import click
 import msgspec
 
 from eventstore.errors import DispachError
+from runtime import admin
 from runtime import config as config_module
 
 if TYPE_CHECKING:
@@ -21,7 +22,19 @@ if TYPE_CHECKING:
     from runtime.config import Settings
 
 
+def _print_version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    """``--version``: the node's own version string (imported only when asked: it is heavy)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from gateways.http import VERSION
+
+    click.echo(f"dispach {VERSION}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Print the version and exit.")  # fmt: skip
 def main() -> None:
     """Dispach: an AI agent runtime on an append-only event log.
 
@@ -376,10 +389,169 @@ def describe_cluster(status: dict[str, Any]) -> list[str]:
     return lines
 
 
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="The API's answer as JSON, as the node sent it."
+)
+
+
+@main.group(invoke_without_command=True)
+@_url_option
+@_json_option
+@click.pass_context
+def agents(ctx: click.Context, url: str, as_json: bool) -> None:
+    """The agents of a running node: id, model, tool count, channels. `agents show ID` for one.
+
+    With --json: the list of each agent's GET /v1/agents/{id}.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    with _client_errors(), _client(url) as client:
+        found = [client.agent(a["id"]) for a in client.agents()]
+    _echo(found, admin.describe_agents(found), as_json)
+
+
+@agents.command("show")
+@_url_option
+@click.argument("agent_id", metavar="ID")
+@_json_option
+def agents_show(url: str, agent_id: str, as_json: bool) -> None:
+    """An agent's model, tools with their policy, channels, schedules and limits.
+
+    With --json: {"agent": GET …/{id}, "tools": GET …/tools, "schedules": [GET …/schedules]}.
+    """
+    with _client_errors(), _client(url) as client:
+        agent = client.agent(agent_id)
+        tools = client.tools(agent_id)
+        schedules = client.schedules(agent_id)
+    body = {"agent": agent, "tools": tools, "schedules": schedules}
+    _echo(body, admin.describe_agent(agent, tools, schedules), as_json)
+
+
+@main.group()
+def sessions() -> None:
+    """An agent's sessions on a running node: list, show their history, fork one."""
+
+
+_agent_option = click.option("--agent", required=True, help="Agent id.")
+
+
+@sessions.command("list")
+@_url_option
+@_agent_option
+@click.option("--search", help="Only sessions whose key contains this text.")
+@click.option("--status", help="Only sessions whose last turn ended so (final, error, …).")
+@click.option("--limit", type=int, help="At most this many (the node's default: 100).")
+@_json_option
+def sessions_list(url: str, agent: str, search: str | None, status: str | None,
+                  limit: int | None, as_json: bool) -> None:  # fmt: skip
+    """The agent's sessions, most recently active first."""
+    with _client_errors(), _client(url) as client:
+        found = client.sessions(agent, q=search, status=status, limit=limit)
+    _echo(found, admin.describe_sessions(agent, found), as_json)
+
+
+@sessions.command("show")
+@_url_option
+@_agent_option
+@click.argument("key")
+@click.option("--limit", type=int, default=50, show_default=True, help="History rows to show.")
+@_json_option
+def sessions_show(url: str, agent: str, key: str, limit: int, as_json: bool) -> None:
+    """A session's summary and its history, oldest first, turn by turn.
+
+    With --json: {"session": GET …/sessions/{key}, "messages": GET …/messages (newest first)}.
+    """
+    with _client_errors(), _client(url) as client:
+        summary = client.session(agent, key)
+        page = client.messages(agent, key, limit=limit)
+    body = {"session": summary, "messages": page["messages"]}
+    _echo(body, admin.describe_session(summary, page["messages"]), as_json)
+
+
+@sessions.command("fork")
+@_url_option
+@_agent_option
+@click.argument("key")
+@click.option("--at", required=True, metavar="TURN",
+              help="The last turn to copy: its id, or its 1-based index.")  # fmt: skip
+@click.option("--new-key", help="The new session's key (default: one the node picks).")
+@click.option("--to-agent", help="Fork into this agent (default: the same one).")
+@_json_option
+def sessions_fork(url: str, agent: str, key: str, at: str, new_key: str | None,
+                  to_agent: str | None, as_json: bool) -> None:  # fmt: skip
+    """Start a new session from KEY's history up to and including a turn; KEY is untouched."""
+    with _client_errors(), _client(url) as client:
+        answer = client.fork(agent, key, admin.at_turn(at), new_key=new_key, to_agent=to_agent)
+    _echo(answer, [admin.describe_fork(answer)], as_json)
+
+
+@main.group()
+def approvals() -> None:
+    """Tool calls waiting for a person (tools whose policy is `ask`), and the answers."""
+
+
+@approvals.command("list")
+@_url_option
+@click.option("--agent", help="Only this agent's (default: every agent you can reach).")
+@_json_option
+def approvals_list(url: str, agent: str | None, as_json: bool) -> None:
+    """Each waiting call: agent, session, turn, tool, when it was asked, how to answer it.
+
+    With --json: {"approvals": [...]}, the body of GET …/approvals (over every agent).
+    """
+    with _client_errors(), _client(url) as client:
+        ids = [agent] if agent else [a["id"] for a in client.agents()]
+        waiting = sorted((w for i in ids for w in client.approvals(i)),
+                         key=lambda w: str(w.get("requestedAt")))  # fmt: skip
+    _echo({"approvals": waiting}, admin.describe_approvals(waiting), as_json)
+
+
+@approvals.command("grant")
+@_url_option
+@click.argument("approval_id", metavar="ID")
+@_agent_option
+@click.option("--reason", help="Why, sent with the answer.")
+@_json_option
+def approvals_grant(url: str, approval_id: str, agent: str, reason: str | None,
+                    as_json: bool) -> None:  # fmt: skip
+    """Let the waiting call ID run; its turn carries on with the tool's result."""
+    _decide(url, approval_id, agent, reason, as_json, granted=True)
+
+
+@approvals.command("deny")
+@_url_option
+@click.argument("approval_id", metavar="ID")
+@_agent_option
+@click.option("--reason", help="Why, sent with the answer.")
+@_json_option
+def approvals_deny(url: str, approval_id: str, agent: str, reason: str | None,
+                   as_json: bool) -> None:  # fmt: skip
+    """Refuse the waiting call ID; its turn carries on, the model told the call was refused."""
+    _decide(url, approval_id, agent, reason, as_json, granted=False)
+
+
+def _decide(url: str, approval_id: str, agent: str, reason: str | None, as_json: bool, *,
+            granted: bool) -> None:  # fmt: skip
+    with _client_errors(), _client(url) as client:
+        answer = client.decide(agent, approval_id, granted, reason)
+    then = "the call runs" if answer.get("granted") else "the model reads a refusal"
+    done = "granted" if answer.get("granted") else "denied"
+    _echo(answer, [f"{done} {answer.get('approvalId')} (agent {agent}): {then}"], as_json)
+
+
+def _echo(body: object, lines: list[str], as_json: bool) -> None:
+    """The API's body as JSON, or the lines for a person."""
+    if as_json:
+        click.echo(msgspec.json.format(msgspec.json.encode(body)))
+        return
+    for line in lines:
+        click.echo(line)
+
+
 def _follow(client: Client, agent: str, turn_id: str, prefix: str = "",
             reasoning: bool = False) -> str | None:  # fmt: skip
     """Print a turn's stream until it ends; return its end reason."""
-    printer = _TurnPrinter(prefix)
+    printer = _TurnPrinter(prefix, agent)
     try:
         for frame in client.stream_turn(agent, turn_id, reasoning=reasoning):
             printer.frame(frame)
@@ -395,11 +567,12 @@ class _TurnPrinter:
 
     _NOTED = frozenset(
         {"model.retry", "tool.call", "tool.result", "tool.gated", "tool.repair",
-         "approval.requested", "approval.resolved", "turn.stopping", "delivery.failed"}
+         "approval.resolved", "turn.stopping", "delivery.failed"}
     )  # fmt: skip
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, agent: str) -> None:
         self.prefix = prefix
+        self.agent = agent
         self.reason: str | None = None
         self.replied = False
         self._open = False  # stdout has a line without its end
@@ -423,6 +596,12 @@ class _TurnPrinter:
                 click.secho(_summary("turn.end", data), fg=colour, err=True)
             case "stream.ended" if self.reason is None:
                 self.reason = frame.data.get("status")
+            case "approval.requested":  # the turn is parked: say how to let it go on
+                self.end_line()
+                first, *rest = admin.approval_note(frame.data.get("agentId") or self.agent, data)
+                click.secho(f"  {frame.event}  {first}", fg="yellow", bold=True, err=True)
+                for line in rest:
+                    click.echo(f"  {line}", err=True)
             case event if event in self._NOTED:
                 self._note(event, data)
 
@@ -485,6 +664,10 @@ def _summary(event: str, d: dict[str, Any]) -> str:
                 f"{d.get('slug')} {'ok' if d.get('ok') else 'failed'}, {d.get('latencyMs')} ms,"
                 f" {d.get('bytes')} bytes" + "".join(f", {f}" for f in flags)
             )
+        case "approval.requested":
+            return admin.approval_waits(d)
+        case "approval.resolved":
+            return admin.approval_resolved(d)
         case "turn.end":
             tokens = d.get("tokens") or {}
             return (
