@@ -17,6 +17,7 @@ from actors import idempotency, ids
 from actors.agent import Agent
 from actors.bridge import Portal, settled
 from actors.cluster.partitions import partition_of
+from actors.context import fork as forks
 from actors.context.history import History
 from actors.context.load import load
 from actors.context.replay import replay
@@ -27,6 +28,8 @@ from actors.messages import (
     Cleared,
     ClearSession,
     ContextStep,
+    Forked,
+    ForkSession,
     Refused,
     ResolveApproval,
     Resolved,
@@ -38,6 +41,7 @@ from actors.messages import (
     TurnContext,
 )
 from actors.session import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
+from actors.session_core import Fork
 from eventstore import EventStore, StoreError, WrongExpectedVersion
 from eventstore.catalogue import Deliver
 
@@ -176,6 +180,30 @@ class Engine:
             self.session(clear.agent_id, clear.session_key), clear
         )
         return cleared
+
+    async def fork(self, fork: ForkSession) -> Forked | Refused:
+        """Start the new session of ``fork`` from its source's history (the new session's owner
+        runs this: it reads the source's read models, then its actor appends session.forked)."""
+        for agent_id, field in ((fork.source_agent_id, None), (fork.agent_id, "agent")):
+            if agent_id not in self.agents:
+                return Refused(code="agent_not_found", message=f"no agent {agent_id!r}",
+                               hint=f"known agents: {', '.join(sorted(self.agents))}",
+                               field=field)  # fmt: skip
+        try:
+            planned = await forks.plan(self.store, fork)
+            if isinstance(planned, Refused):
+                return planned
+            taken = await forks.taken(self.store, fork.agent_id, fork.session_key)
+        except StoreError as e:
+            return Refused(code=e.code, message=e.message, hint=e.hint)
+        if taken is not None:
+            return taken
+        forked: Forked | Refused = await _once_stored(
+            self.session(fork.agent_id, fork.session_key), Fork(planned.event, planned.answer)
+        )
+        if isinstance(forked, Refused) and forked.code == WrongExpectedVersion.code:
+            return forks.exists(fork.agent_id, fork.session_key)  # its stream was not empty
+        return forked
 
     async def turn_session(self, turn_id: str) -> tuple[str, str, str] | None:
         """``(agent, session, status)`` of a stored turn, or None."""

@@ -49,6 +49,31 @@ class Cleared(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     session_key: str
 
 
+class ForkSession(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Start session ``(agent_id, session_key)`` from the history of another session up to and
+    including one of its turns (appends ``session.forked`` to the new session's stream; the
+    source is not touched). Goes to the new session's owner, which reads the source."""
+
+    agent_id: str
+    session_key: str
+    source_agent_id: str
+    source_session_key: str
+    at_turn: str | int
+    """A turn id of the source session, or the turn's 1-based index among its turns."""
+
+
+class Forked(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    agent_id: str
+    session_key: str
+    source_agent_id: str
+    source_session_key: str
+    turn_id: str
+    turns: int
+    """How many turns' history was copied."""
+    messages: int
+    """How many history rows were copied."""
+
+
 class Refused(msgspec.Struct, frozen=True, kw_only=True):
     code: str
     message: str
@@ -168,6 +193,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     stop: StopResult | None = None
     cleared: Cleared | None = None
     resolved: Resolved | None = None
+    forked: Forked | None = None
     error: Refused | None = None
 
 
@@ -351,3 +377,5 @@ class CommandPath(Protocol):
     async def resolve(
         self, resolve: ResolveApproval, timeout: float = 10.0
     ) -> Resolved | Refused: ...
+
+    async def fork(self, fork: ForkSession, timeout: float = 10.0) -> Forked | Refused: ...

@@ -21,6 +21,7 @@ import structlog
 
 from actors import ids
 from actors.bridge import Ask, LoopActor, answer, refuse_pending
+from actors.context import fork
 from actors.context.history import History
 from actors.messages import (
     Accepted,
@@ -44,11 +45,15 @@ from actors.session_core import (
     Duplicate,
     EndDecided,
     Forget,
+    Fork,
     HandOver,
     HandOverAnswer,
     OnceStored,
+    Queued,
     Release,
+    ReloadHistory,
     ResetHistory,
+    Resumed,
     SessionState,
     StartStored,
     StartTurn,
@@ -148,6 +153,10 @@ class SessionActor(LoopActor):
         the next turn loads it from the session's snapshot and messages)."""
         self.last_active = time.monotonic()
         self._handed_over: Future[None] | None = None
+        self._used = False
+        """A turn was accepted or resumed here since activation: the session has a history of
+        its own, whether or not its first turn.start has reached the read models yet (the
+        engine checks those before a fork; this closes the window between)."""
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Ask):
@@ -180,9 +189,11 @@ class SessionActor(LoopActor):
         match message:
             case Submit(turn_id=None):
                 return self._decide(msgspec.structs.replace(message, turn_id=ids.turn_id()))
+            case Fork() if self._used:
+                return fork.exists(self._state.agent_id, self._session_key)
             case (
                 Submit() | StopTurn() | ClearSession() | Resume() | ResolveApproval()
-                | ApprovalsAnswered()
+                | ApprovalsAnswered() | Fork()
             ):  # fmt: skip
                 return self._decide(message)
             case TurnFinished(turn_id=turn_id, reason=reason):
@@ -222,6 +233,7 @@ class SessionActor(LoopActor):
                     then = ApprovalsAnswered(turn_id)
                     committed.add_done_callback(functools.partial(_settled, self.actor_ref, then))
         for fact in decision.facts:
+            self._used = self._used or isinstance(fact, Queued | Resumed)
             self._state = evolve(self._state, fact)
         for effect in decision.effects:
             self._effect(effect)
@@ -242,6 +254,8 @@ class SessionActor(LoopActor):
                 self._turn = None
             case ResetHistory():
                 self._history = History()
+            case ReloadHistory():
+                self._history = None
             case Forget(turn_id=turn_id):
                 self._accepted.pop(turn_id, None)
             case AnswerHandOver():

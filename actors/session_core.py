@@ -20,6 +20,7 @@ from actors.agent import Concurrency
 from actors.messages import (
     Cleared,
     ClearSession,
+    Forked,
     Refused,
     ResolveApproval,
     Resolved,
@@ -31,7 +32,14 @@ from actors.messages import (
 from actors.turn.core import Approval
 from actors.turn.runner import AWAITING_APPROVAL
 from eventstore import ANY, NO_STREAM, Metadata, streams
-from eventstore.catalogue import ApprovalResolved, SessionCleared, Tokens, TurnEnd, TurnStart
+from eventstore.catalogue import (
+    ApprovalResolved,
+    SessionCleared,
+    SessionForked,
+    Tokens,
+    TurnEnd,
+    TurnStart,
+)
 from eventstore.event import Event
 
 # --- the state -------------------------------------------------------------------------------
@@ -267,9 +275,18 @@ class ApprovalsAnswered(msgspec.Struct, frozen=True):
     turn_id: str
 
 
+class Fork(msgspec.Struct, frozen=True):
+    """Start this session from another's history (read by the engine from the source's read
+    models, actors/context/fork.py): append ``event`` as the session's first event, answer
+    ``answer`` once it is stored."""
+
+    event: SessionForked
+    answer: Forked
+
+
 Command = (
     Submit | StopTurn | ClearSession | ResolveApproval | Resume | HandOver | StartStored
-    | TurnEnded | ApprovalsAnswered
+    | TurnEnded | ApprovalsAnswered | Fork
 )  # fmt: skip
 
 
@@ -327,6 +344,12 @@ class ResetHistory(msgspec.Struct, frozen=True):
     """The session was cleared: the next turn starts from an empty history."""
 
 
+class ReloadHistory(msgspec.Struct, frozen=True):
+    """The session was forked: the next turn reads its history from the log's read models (the
+    copied rows are there once the fork is stored, and only then; a turn starts only after its
+    own turn.start, submitted after the fork, is stored)."""
+
+
 class Forget(msgspec.Struct, frozen=True):
     """Drop what the actor holds for a turn that will not start here (its stored turn.start)."""
 
@@ -337,7 +360,10 @@ class AnswerHandOver(msgspec.Struct, frozen=True):
     """No turn runs here any more: resolve the hand-over's future."""
 
 
-Effect = TellStop | StartTurn | After | Release | ResetHistory | Forget | AnswerHandOver
+Effect = (
+    TellStop | StartTurn | After | Release | ResetHistory | ReloadHistory | Forget
+    | AnswerHandOver
+)  # fmt: skip
 
 
 class Accept(msgspec.Struct, frozen=True):
@@ -357,7 +383,7 @@ class Duplicate(msgspec.Struct, frozen=True):
 class OnceStored(msgspec.Struct, frozen=True):
     """``answer`` holds once the decision's append is stored."""
 
-    answer: StopResult | Cleared | Resolved
+    answer: StopResult | Cleared | Resolved | Forked
 
 
 class HandOverAnswer(msgspec.Struct, frozen=True):
@@ -403,6 +429,8 @@ def decide(state: SessionState, command: Command) -> Decision:
             if state.parked is None or state.parked.turn_id != t:
                 return NOTHING
             return _advance(state, facts=(Unparked(t),))
+        case Fork():
+            return _fork(state, command)
 
 
 def _resume(state: SessionState, turn_ids: list[str]) -> Decision:
@@ -495,6 +523,22 @@ def _clear(state: SessionState, by: str) -> Decision:
                     Metadata(agent_id=state.agent_id, session_key=state.session_key))  # fmt: skip
     return Decision(OnceStored(Cleared(session_key=state.session_key)), append,
                     effects=(ResetHistory(),))  # fmt: skip
+
+
+def _fork(state: SessionState, fork: Fork) -> Decision:
+    """The fork is the session's first event (NO_STREAM: a session whose stream has anything,
+    a clear or a note, is not new); a session with a turn in hand is refused before that."""
+    if state.busy:
+        return Decision(Refused(
+            code="session_busy",
+            message=f"session {state.session_key!r} has a turn running or queued",
+            hint="a fork starts a new session: name one that has no turns in newKey",
+            field="newKey",
+        ))  # fmt: skip
+    append = Append(streams.session(state.agent_id, state.session_key), fork.event,
+                    Metadata(agent_id=state.agent_id, session_key=state.session_key),
+                    NO_STREAM)  # fmt: skip
+    return Decision(OnceStored(fork.answer), append, effects=(ReloadHistory(),))
 
 
 def _resolve(state: SessionState, resolve: ResolveApproval) -> Decision:

@@ -204,6 +204,7 @@ class ToolCall(Event, frozen=True):
 
     TYPE: ClassVar[str] = "tool.call"
     PRIVATE: ClassVar[frozenset[str]] = frozenset({"args"})
+    REVEALABLE: ClassVar[frozenset[str]] = frozenset({"args"})
     slug: str
     call_id: str
     args_hash: str
@@ -217,6 +218,7 @@ class ToolCall(Event, frozen=True):
 class ToolResult(Event, frozen=True):
     TYPE: ClassVar[str] = "tool.result"
     PRIVATE: ClassVar[frozenset[str]] = frozenset({"output"})
+    REVEALABLE: ClassVar[frozenset[str]] = frozenset({"output"})
     slug: str
     call_id: str
     ok: bool
@@ -438,6 +440,34 @@ class SessionCleared(Event, frozen=True):
     by: str | None = None
 
 
+class ForkedMessage(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One history row a fork copied, as the source session's messages projection held it: its
+    turn and log position are the source's, so the new session reads its turns in their order
+    and before any of its own."""
+
+    turn_id: str
+    position: int
+    role: Literal["user", "assistant", "tool"]
+    content: Any
+
+
+class SessionForked(Event, frozen=True):
+    """A session starts from another session's history, up to and including one of its turns
+    (the first event of the new session's stream; the source session is not touched). The rows
+    copied are the event's, so the new session's history is rebuilt from the log alone; they
+    are the conversation, so they stay off public streams. Notes are not copied."""
+
+    TYPE: ClassVar[str] = "session.forked"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"messages"})
+    source_agent_id: str
+    source_session_key: str
+    at_turn_id: str
+    turns: list[str] = msgspec.field(default_factory=list)
+    """The turns whose rows were copied, in order (those the source had inherited from a fork
+    of its own included)."""
+    messages: list[ForkedMessage] = msgspec.field(default_factory=list)
+
+
 class SessionNote(Event, frozen=True):
     """The session-notes tool wrote: ``append`` adds a note, ``replace`` sets all notes to
     ``text`` (an empty text clears them). Notes are the agent's, so they stay off public streams."""
@@ -479,5 +509,6 @@ register(
     ScheduleSkipped,
     ChannelRejected,
     SessionCleared,
+    SessionForked,
     SessionNote,
 )

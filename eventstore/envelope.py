@@ -120,8 +120,12 @@ class WireEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, r
 _WIRE = msgspec.json.Encoder()
 
 
-def to_wire(recorded: RecordedEvent, runtime_id: str | None = None) -> WireEvent:
-    """The public envelope of ``recorded``, as served by the node ``runtime_id``."""
+def to_wire(
+    recorded: RecordedEvent, runtime_id: str | None = None, *, reveal: bool = False
+) -> WireEvent:
+    """The public envelope of ``recorded``, as served by the node ``runtime_id`` (``reveal``:
+    with its revealable private fields, for an operator's read of stored events only; the
+    streams go through :func:`encode_wire`, which never reveals)."""
     meta = recorded.metadata
     return WireEvent(
         v=1,
@@ -131,7 +135,7 @@ def to_wire(recorded: RecordedEvent, runtime_id: str | None = None) -> WireEvent
         ts=recorded.recorded_at.isoformat().replace("+00:00", "Z"),
         runtime_id=runtime_id,
         type=recorded.type,
-        data=msgspec.Raw(public_data(recorded.data)),
+        data=msgspec.Raw(public_data(recorded.data, reveal=reveal)),
         agent_id=meta.agent_id,
         session_key=meta.session_key,
         turn_id=meta.turn_id,

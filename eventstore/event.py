@@ -23,6 +23,10 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     TYPE: ClassVar[str] = ""
     PRIVATE: ClassVar[frozenset[str]] = frozenset()
     """Fields kept in the log but never sent on a public stream (e.g. tool arguments)."""
+    REVEALABLE: ClassVar[frozenset[str]] = frozenset()
+    """The private fields an operator may ask to read (a turn's stored events with
+    ``?private=true`` and the API token): a tool's own input and output, never the conversation,
+    a digest or an idempotency key. Streams never carry them."""
 
 
 class UnknownEvent(msgspec.Struct, frozen=True):
@@ -61,14 +65,16 @@ def decode_data(type_name: str, raw: bytes | str) -> Event | UnknownEvent:
     return event
 
 
-def public_data(event: Event | UnknownEvent) -> bytes:
-    """The ``data`` JSON a public stream may carry: private fields removed."""
+def public_data(event: Event | UnknownEvent, *, reveal: bool = False) -> bytes:
+    """The ``data`` JSON a public stream may carry: private fields removed (``reveal``: but the
+    event's :attr:`~Event.REVEALABLE` ones kept, for an operator who asked for them)."""
     if isinstance(event, UnknownEvent):
         return bytes(event.raw)
-    if not event.PRIVATE:
+    hidden = event.PRIVATE - event.REVEALABLE if reveal else event.PRIVATE
+    if not hidden:
         return _ENCODER.encode(event)
     fields = msgspec.to_builtins(event)
-    for name in event.PRIVATE:
+    for name in hidden:
         fields.pop(_camel(name), None)
     return _ENCODER.encode(fields)
 

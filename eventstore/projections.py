@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -13,6 +14,7 @@ from eventstore.catalogue import (
     ApprovalResolved,
     ModelResult,
     SessionCleared,
+    SessionForked,
     ToolResult,
     TurnAttempt,
     TurnEnd,
@@ -178,11 +180,14 @@ class TurnsProjection:
 
 
 class SessionsProjection:
-    """Sessions of each agent: how many turns, the last one, when last active or cleared."""
+    """Sessions of each agent: how many turns, the last one, when last active or cleared, and
+    the session (and turn) it was forked from."""
 
     name: str = "sessions"
     tables: tuple[str, ...] = ("sessions",)
-    types: frozenset[str] = frozenset({TurnStart.TYPE, TurnEnd.TYPE, SessionCleared.TYPE})
+    types: frozenset[str] = frozenset(
+        {TurnStart.TYPE, TurnEnd.TYPE, SessionCleared.TYPE, SessionForked.TYPE}
+    )
 
     def statements(self, event: RecordedEvent) -> Iterable[Statement]:
         agent, key = event.metadata.agent_id, event.metadata.session_key
@@ -223,6 +228,24 @@ class SessionsProjection:
                         [agent, key, at, at, at],
                     )
                 ]
+            case SessionForked() as forked:
+                origin = {
+                    "agentId": forked.source_agent_id,
+                    "sessionKey": forked.source_session_key,
+                    "turnId": forked.at_turn_id,
+                }
+                return [
+                    (
+                        """INSERT INTO sessions (agent_id, session_key, first_seen_at,
+                                                 last_activity_at, forked_from)
+                           VALUES (%s, %s, %s, %s, %s)
+                           ON CONFLICT (agent_id, session_key) DO UPDATE
+                              SET forked_from = excluded.forked_from,
+                                  last_activity_at = greatest(sessions.last_activity_at,
+                                                              excluded.last_activity_at)""",
+                        [agent, key, at, at, Jsonb(origin)],
+                    )
+                ]  # fmt: skip
             case _:
                 return []
 
@@ -254,14 +277,18 @@ class MessagesProjection:
 
     ``content`` rows are Anthropic content blocks: a user row holds one text block, an assistant
     row the blocks the model sent, a tool row one ``tool_result`` block. A cleared session drops
-    its rows (the events stay in the log).
+    its rows (the events stay in the log). A forked session starts with the rows its
+    ``session.forked`` copied, at their source positions and with their source turns (the key
+    is the session's, so they clash with nothing; history reads order them by their turns'
+    ``turn.start``, which come before any turn of the new session).
     """
 
     name: str = "messages"
     tables: tuple[str, ...] = ("messages",)
     types: frozenset[str] = frozenset(
-        {TurnStart.TYPE, ModelResult.TYPE, ToolResult.TYPE, SessionCleared.TYPE}
-    )
+        {TurnStart.TYPE, ModelResult.TYPE, ToolResult.TYPE, SessionCleared.TYPE,
+         SessionForked.TYPE}
+    )  # fmt: skip
 
     def statements(self, event: RecordedEvent) -> Iterable[Statement]:
         meta = event.metadata
@@ -274,6 +301,8 @@ class MessagesProjection:
                     [meta.agent_id, meta.session_key],
                 )
             ]
+        if isinstance(event.data, SessionForked):
+            return _forked_rows(meta.agent_id, meta.session_key, event.data, event.recorded_at)
         row = history_row(event.data)
         if row is None or meta.turn_id is None:
             return []
@@ -287,6 +316,28 @@ class MessagesProjection:
                  Jsonb(content_value), event.recorded_at],
             )
         ]  # fmt: skip
+
+
+def _forked_rows(
+    agent_id: str, session_key: str, forked: SessionForked, at: datetime
+) -> list[Statement]:
+    """The copied rows in one statement, however many there are (one round trip in the writer's
+    transaction, not one per row)."""
+    if not forked.messages:
+        return []
+    rows = [{"position": m.position, "turn_id": m.turn_id, "role": m.role, "content": m.content}
+            for m in forked.messages]  # fmt: skip
+    return [
+        (
+            """INSERT INTO messages (agent_id, session_key, position, turn_id, role, content,
+                                     recorded_at)
+               SELECT %s, %s, r.position, r.turn_id, r.role, r.content, %s
+                 FROM jsonb_to_recordset(%s) AS r(position bigint, turn_id text, role text,
+                                                  content jsonb)
+               ON CONFLICT DO NOTHING""",
+            [agent_id, session_key, at, Jsonb(rows)],
+        )
+    ]
 
 
 INLINE: tuple[Projection, ...] = (

@@ -33,7 +33,7 @@ from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError,
 from eventstore.catalogue import EndReason
 from eventstore.feed import Feed
 from gateways import acceptance, ingress
-from gateways.auth import EVERYONE, Principal
+from gateways.auth import EVERYONE, PRIVATE_NEEDS_TOKEN, PRIVATE_QUERY, Principal
 from gateways.errors import json_response
 from gateways.schemas import (
     AcceptedBody,
@@ -116,6 +116,9 @@ _STATUS = {
     "approval_not_found": 404,
     "approval_busy": 409,
     "session_busy": 409,
+    "session_exists": 409,
+    "turn_not_ended": 409,
+    "fork_turn_cleared": 409,
     "session_moving": 503,
     "idempotency_key_reused": 409,
     "accept_conflict": 409,
@@ -189,7 +192,7 @@ def not_ready() -> ApiError:
     )
 
 
-def visible_agent(conn: HTTPConnection, agent_id: str, field: str) -> AgentDetail:
+def visible_agent(conn: HTTPConnection, agent_id: str, field: str | None) -> AgentDetail:
     """The agent, if the caller may see it (else 404 ``agent_not_found``, as if it did not
     exist: a scoped token learns nothing about other agents)."""
     found = runtime(conn).agent_details().get(agent_id)
@@ -516,7 +519,11 @@ async def stop_turn(request: Request) -> Response:
 
 
 async def turn_events(request: Request) -> Response:
+    """``GET …/turns/{turnId}/events``: the turn's stored events, public fields only, unless
+    ``private=true`` asks for the tool calls' ``args`` and the tool results' ``output`` (the
+    events' ``REVEALABLE`` fields, nothing else private) with the API token."""
     agent_id = agent(request).id
+    reveal = private_param(request)
     turn = await load_turn(request, request.path_params["turn_id"], agent_id)
     after = cursor_param(request) or START
     limit = int_param(request, "limit", 1000, 1, 10_000, "events_page_invalid")
@@ -525,5 +532,20 @@ async def turn_events(request: Request) -> Response:
     except StoreError as e:
         raise store_error(e) from e
     node = runtime(request).node_id
-    page = [to_wire(e, node) for e in events]
+    page = [to_wire(e, node, reveal=reveal) for e in events]
     return json_response(EventsPage(events=page, next=page[-1].cursor if page else None))
+
+
+def private_param(request: Request) -> bool:
+    """``private``: ``true`` or ``false`` (else ``400 invalid_value``), and ``true`` only for a
+    caller with the API token. The Guard already refuses a stream token that asks (it may only
+    read streams, which never reveal); this says the same should a route ever let one through."""
+    raw = request.query_params.get(PRIVATE_QUERY)
+    if raw is None or raw == "false":
+        return False
+    if raw != "true":
+        raise ApiError(400, "invalid_value", f"{PRIVATE_QUERY}={raw!r} is not true or false",
+                       f"pass {PRIVATE_QUERY}=true or leave it out", PRIVATE_QUERY)  # fmt: skip
+    if principal(request).stream is not None:
+        raise ApiError(*PRIVATE_NEEDS_TOKEN, field=PRIVATE_QUERY)
+    return True

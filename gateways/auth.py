@@ -144,6 +144,8 @@ class Guard:
         """Check a stream token (``?st=``): only on the streams, only to read, only while valid
         and signed by this node's secret. On success the caller sees only the token's agent."""
         reads = scope["type"] == "websocket" or scope["method"] in ("GET", "HEAD")
+        if reads and asks_private(QueryParams(scope.get("query_string", b""))):
+            return PRIVATE_NEEDS_TOKEN
         path = scope["path"]
         stream = path == WEBSOCKET_PATH or SSE_STREAMS.fullmatch(path)
         if not (reads and stream) or self.stream_tokens is None:
@@ -158,6 +160,27 @@ class Guard:
 
 
 STREAM_READ_ONLY_HINT = "a stream token only reads streams; send the API token for anything else"
+PRIVATE_QUERY = "private"
+"""``?private=true``: a turn's stored events with the tool arguments and outputs
+(gateways/api.py ``turn_events``)."""
+PRIVATE_NEEDS_TOKEN = (
+    403,
+    "private_needs_token",
+    "a stream token never reads private event fields (tool arguments and outputs)",
+    "ask with the API token (Authorization: Bearer), from a back end: GET "
+    "/v1/agents/{agent}/turns/{turnId}/events?private=true",
+)
+"""Said to a stream token that asks for private fields, wherever it asks: a browser holds the
+stream token, and what a tool was given or returned stays with whoever holds the API token."""
+
+
+def asks_private(query: QueryParams) -> bool:
+    """The request asks for private fields (any value but ``false``: a stream token that asks
+    with a malformed value is refused all the same)."""
+    value = query.get(PRIVATE_QUERY)
+    return value is not None and value != "false"
+
+
 JSON_TYPES = frozenset({"application/json"})
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 SSE_STREAMS = re.compile(r"/v1/agents/[^/]+/turns/[^/]+/stream|/v1/events")

@@ -19,6 +19,8 @@ from gateways import (
     approvals,
     console,
     context,
+    deliveries,
+    fork,
     hooks,
     openapi,
     schedules,
@@ -111,9 +113,11 @@ def create_app(
         Route(session, sessions.session, methods=["GET", "DELETE"]),
         Route(session + "/messages", sessions.session, methods=["GET", "DELETE"]),
         Route(session + "/phase", sessions.set_phase, methods=["POST"]),
+        Route(session + "/fork", fork.fork_session, methods=["POST"]),
         Route("/v1/events", sse.events_stream, methods=["GET"]),
         Route(agent + "/context", context.session_context, methods=["GET"]),
         Route(agent + "/approvals", approvals.list_approvals, methods=["GET"]),
+        Route(agent + "/deliveries", deliveries.list_deliveries, methods=["GET"]),
         Route(agent + "/approvals/{approval}", approvals.decide, methods=["POST"]),
         _methods(
             agent + "/schedules", GET=schedules.list_schedules, POST=schedules.create_schedule

@@ -18,15 +18,20 @@ from gateways.api import STATUSES
 from gateways.approvals import ApprovalList, Decision, DecisionAnswer
 from gateways.context import MAX_INPUT
 from gateways.errors import ErrorEnvelope
+from gateways.fork import MAX_INDEX
 from gateways.hooks import Taken
 from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
 from gateways.schedules import Deleted, ScheduleList, ScheduleResource
 from gateways.schemas import (
+    DELIVERY_STATUSES,
     AcceptedBody,
     AgentDetail,
     AgentInfo,
     ClearedBody,
+    DeliveryList,
     EventsPage,
+    ForkBody,
+    ForkedBody,
     Health,
     MessageBody,
     MessagePage,
@@ -58,7 +63,10 @@ _TYPES: tuple[Any, ...] = (
     AgentDetail,
     AgentInfo,
     ClearedBody,
+    DeliveryList,
     EventsPage,
+    ForkBody,
+    ForkedBody,
     Health,
     MessageBody,
     MessagePage,
@@ -470,7 +478,22 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "Stored events of a turn",
                 {"200": _json(_ref(EventsPage), "Events in log order")},
-                params=[AGENT, TURN, AFTER, EVENTS_LIMIT],
+                params=[
+                    AGENT,
+                    TURN,
+                    AFTER,
+                    EVENTS_LIMIT,
+                    _param(
+                        "private",
+                        "query",
+                        "`true`: tool.call events with their `args` and tool.result events with "
+                        "their `output` (nothing else private); API token only, a stream token "
+                        "is refused with `private_needs_token`. The streams never carry them",
+                        {"type": "boolean"},
+                        required=False,
+                    ),
+                ],
+                errors=("400", "401", "403", "404"),
             )
         },
         turn + "/stream": {
@@ -502,7 +525,8 @@ def _paths() -> dict[str, Any]:
         },
         "/v1/stream-tokens": {
             "post": _op(
-                "A short-lived read-only token for one turn's or one session's stream, for a "
+                "A short-lived read-only token for one turn's stream, one session's, or (agentId "
+                "alone) the agent's, all of its sessions: for a "
                 "browser (`?st=` on the SSE streams and /v1/ws)",
                 {"201": _json(_ref(IssuedToken), "Issued")},
                 body=TokenRequest,
@@ -513,7 +537,41 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "Sessions, most recently active first",
                 {"200": _json({"type": "array", "items": _ref(SessionSummary)}, "Sessions")},
-                params=[AGENT, LIMIT],
+                params=[
+                    AGENT,
+                    _param(
+                        "q",
+                        "query",
+                        "Only sessions whose key contains this (case-insensitive, literally)",
+                        required=False,
+                    ),
+                    _param(
+                        "status",
+                        "query",
+                        "Only sessions whose last turn has this status",
+                        {"type": "string", "enum": list(STATUSES)},
+                        required=False,
+                    ),
+                    LIMIT,
+                ],
+            )
+        },
+        # Before the session's own path: generated requests run in document order, and a
+        # DELETE (a clear) would leave no turn to fork at.
+        session + "/fork": {
+            "post": _op(
+                "Fork the session: a new session (of this agent or another) whose history is "
+                "this one's up to and including a turn (appends session.forked to it)",
+                {
+                    "201": _json(_ref(ForkedBody), "Forked"),
+                    "409": _json(
+                        _ref(ErrorEnvelope),
+                        "The turn still runs, or was cleared; the new session exists or is busy",
+                    ),
+                },
+                params=[AGENT, KEY],
+                body=ForkBody,
+                errors=("400", "401", "404", "413", "415", "503"),
             )
         },
         session: {
@@ -530,6 +588,25 @@ def _paths() -> dict[str, Any]:
                 },
                 params=[AGENT, KEY],
             ),
+        },
+        agent + "/deliveries": {
+            "get": _op(
+                "Outbox items (one chunk of a reply to one recipient each), newest first, with "
+                "their status, attempts and last error; never the reply's text",
+                {"200": _json(_ref(DeliveryList), "Deliveries")},
+                params=[
+                    AGENT,
+                    _param(
+                        "status",
+                        "query",
+                        "Only items with this status",
+                        {"type": "string", "enum": list(DELIVERY_STATUSES)},
+                        required=False,
+                    ),
+                    _param("sessionKey", "query", "Only this session's items", required=False),
+                    LIMIT,
+                ],
+            )
         },
         agent + "/approvals": {
             "get": _op(
@@ -649,6 +726,12 @@ def _constrain(components: dict[str, Any]) -> None:
     session = {"minLength": 1, "maxLength": MAX_SESSION_KEY, "pattern": SESSION_KEY,
                "allOf": [{"pattern": NOT_BLANK}]}  # fmt: skip
     body["sessionKey"].update(session)
+    # A fork's turn: an index from 1, or a turn id (fork_invalid otherwise); its new session's
+    # key is checked as a message's is (session_key_invalid).
+    fork = components["ForkBody"]["properties"]
+    fork["atTurn"]["anyOf"] = [{"type": "integer", "minimum": 1, "maximum": MAX_INDEX},
+                               {"type": "string", "minLength": 1}]  # fmt: skip
+    fork["newKey"]["anyOf"] = [{"type": "string", **session}, {"type": "null"}]
     for name in ("Deliver", "Sender"):
         for prop in components[name]["properties"].values():
             if prop.get("type") == "string":
@@ -688,7 +771,8 @@ def _constrain(components: dict[str, Any]) -> None:
     spec["properties"]["session"].update(
         pattern=SCHEDULE_SESSION, maxLength=len("shared:") + MAX_SESSION_KEY
     )
-    # A stream token is for exactly one turn or one session (stream_token_target_invalid).
+    # A stream token is for one turn, one session, or (neither) the agent's whole stream; not
+    # both (stream_token_target_invalid).
     token = components["TokenRequest"]
     token["properties"].update(
         agentId={"type": "string", "minLength": 1},
@@ -696,10 +780,7 @@ def _constrain(components: dict[str, Any]) -> None:
         sessionKey={"type": "string", **session},
         ttlS={"type": "integer", "minimum": 1, "maximum": MAX_TTL_S},
     )
-    token["oneOf"] = [
-        {"required": ["turnId"], "not": {"required": ["sessionKey"]}},
-        {"required": ["sessionKey"], "not": {"required": ["turnId"]}},
-    ]
+    token["not"] = {"required": ["turnId", "sessionKey"]}
 
 
 @functools.cache

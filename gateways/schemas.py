@@ -6,6 +6,7 @@ so the document cannot drift from the code. Field names are camelCase on the wir
 
 from __future__ import annotations
 
+import typing
 from datetime import datetime
 from typing import Any, Literal
 
@@ -191,6 +192,14 @@ class AgentDetail(_Body, frozen=True):
     phase: str | None = None
 
 
+class ForkOrigin(_Body, frozen=True):
+    """The session, and the turn of it, a session was forked from."""
+
+    agent_id: str
+    session_key: str
+    turn_id: str
+
+
 class SessionSummary(_Body, frozen=True):
     agent_id: str
     session_key: str
@@ -199,8 +208,93 @@ class SessionSummary(_Body, frozen=True):
     created_at: datetime
     updated_at: datetime
     last_activity_at: datetime
+    forked_from: ForkOrigin | None
+    """Where the session's history began (``POST …/fork``), null for one that was not forked
+    (always present)."""
+    last_turn_status: str | None
+    """The last turn's ``status``: ``running``, or how it ended (an end reason); null for a
+    session without a turn (always present)."""
+    last_turn_at: datetime | None
+    """When the last turn started; null for a session without a turn (always present)."""
     last_turn_id: str | None = None
     cleared_at: datetime | None = None
+
+
+class ForkBody(_Body, frozen=True):
+    """``POST /v1/agents/{agent}/sessions/{key}/fork``."""
+
+    at_turn: int | float | str
+    """A turnId of the session, or a turn's 1-based index among its turns (oldest first). An
+    index may come as a JSON number with a zero fraction (``3.0``): JSON Schema's ``integer``
+    takes it, so a client generated from the document may send one."""
+    new_key: str | None = None
+    """The new session's key (default: ``<key>.fork-<6 hex digits>``)."""
+    agent: str | None = None
+    """The new session's agent (default: the session's own)."""
+
+
+class ForkSource(_Body, frozen=True):
+    agent_id: str
+    session_key: str
+    turn_id: str
+    turns: int
+    """How many turns' history was copied."""
+
+
+class ForkedBody(_Body, frozen=True):
+    agent_id: str
+    session_key: str
+    forked_from: ForkSource
+    messages: int
+    """How many history rows were copied."""
+
+
+DeliveryStatus = Literal["pending", "retrying", "sending", "sent", "failed", "uncertain"]
+DELIVERY_STATUSES: tuple[str, ...] = typing.get_args(DeliveryStatus)
+
+
+class DeliveryError(_Body, frozen=True):
+    """Why the item's last attempt did not deliver it, as the channel said (its provider's
+    answer, with any credential redacted at the channel)."""
+
+    code: str | None
+    """Stable (``delivery_http_503``, ``delivery_timeout``, ``delivery_chunk_abandoned``...)."""
+    message: str | None
+
+
+class DeliveryItem(_Body, frozen=True):
+    """One outbox item: one chunk of one reply to one recipient (``GET …/deliveries``). Every
+    field is always sent, null included. The reply's text is not in it."""
+
+    id: str
+    channel: str
+    to: str
+    thread: str | None
+    session_key: str
+    turn_id: str
+    chunk_index: int
+    chunk_total: int
+    status: DeliveryStatus
+    """``pending`` (no attempt yet), ``retrying`` (an attempt failed or was in doubt; the next
+    is due at ``nextAttemptAt``), ``sending`` (an attempt is in flight), ``sent``, ``failed``
+    (for good, or abandoned with an earlier chunk), ``uncertain`` (settled without knowing
+    whether it arrived)."""
+    attempts: int
+    uncertain: bool
+    """An attempt was in doubt: a ``sent`` item may have arrived twice."""
+    last_error: DeliveryError | None
+    """The last failure's code and message (null once sent, or before any failure)."""
+    provider_message_id: str | None
+    created_at: datetime
+    updated_at: datetime
+    sent_at: datetime | None
+    next_attempt_at: datetime | None
+    """When a ``pending`` or ``retrying`` item is next tried; null otherwise."""
+
+
+class DeliveryList(_Body, frozen=True):
+    deliveries: list[DeliveryItem]
+    """Newest first."""
 
 
 class StoredMessage(_Body, frozen=True):

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.messages import ClearSession, Refused
 from gateways.api import (
     MAX_PAGE,
+    STATUSES,
     ApiError,
     agent,
     commands_of,
@@ -22,22 +24,47 @@ from gateways.api import (
     refused,
 )
 from gateways.errors import json_response
-from gateways.schemas import ClearedBody, MessagePage, PhaseBody, SessionSummary, StoredMessage
+from gateways.schemas import (
+    ClearedBody,
+    ForkOrigin,
+    MessagePage,
+    PhaseBody,
+    SessionSummary,
+    StoredMessage,
+)
 
 
 async def list_sessions(request: Request) -> Response:
+    """``GET …/sessions?q&status&limit``: most recently active first; ``q`` a part of the key
+    (case aside), ``status`` that of the session's last turn (``running`` or an end reason)."""
     agent_id = agent(request).id
     limit = int_param(request, "limit", 100, 1, MAX_PAGE, "sessions_page_invalid")
+    status = request.query_params.get("status")
+    if status is not None and status not in STATUSES:
+        raise ApiError(
+            400,
+            "invalid_value",
+            f"status={status!r} is not a turn status",
+            f"use one of: {', '.join(STATUSES)}",
+            "status",
+        )
     rows = await fetch(
-        request, "sessions", {"agent_id": agent_id, "session_key": None, "limit": limit}
-    )
+        request,
+        "sessions",
+        {"agent_id": agent_id, "session_key": None, "limit": limit,
+         "q": request.query_params.get("q") or None, "status": status},
+    )  # fmt: skip
     return json_response([_session(r) for r in rows])
 
 
 async def get_session(request: Request) -> Response:
     agent_id = agent(request).id
     key = request.path_params["key"]
-    rows = await fetch(request, "sessions", {"agent_id": agent_id, "session_key": key, "limit": 1})
+    rows = await fetch(
+        request,
+        "sessions",
+        {"agent_id": agent_id, "session_key": key, "limit": 1, "q": None, "status": None},
+    )
     if not rows:
         raise ApiError(
             404,
@@ -50,7 +77,9 @@ async def get_session(request: Request) -> Response:
 
 
 def _session(row: tuple[Any, ...]) -> SessionSummary:
-    agent_id, key, turns, messages, first, last, last_turn, cleared = row
+    agent_id, key, turns, messages, first, last, last_turn, cleared = row[:8]
+    last_status, last_at = row[8:10]  # the last turn's status and start (see sessions.sql)
+    origin = row[-1]  # forked_from, the query's last column (see sessions.sql)
     return SessionSummary(
         agent_id=agent_id,
         session_key=key,
@@ -61,6 +90,9 @@ def _session(row: tuple[Any, ...]) -> SessionSummary:
         last_activity_at=last,
         last_turn_id=last_turn,
         cleared_at=cleared,
+        last_turn_status=last_status,
+        last_turn_at=last_at,
+        forked_from=None if origin is None else msgspec.json.decode(origin, type=ForkOrigin),
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Literal
 
 import msgspec
 from starlette.requests import HTTPConnection, Request
@@ -292,7 +293,7 @@ def turn_problem(
             f"this stream token is for turn {allowed.turn}, not {turn_id}",
             "ask POST /v1/stream-tokens for a token of this turn",
         )
-    if allowed.turn is None and allowed.session != session_key:
+    if allowed.turn is None and allowed.session is not None and allowed.session != session_key:
         return ApiError(
             403,
             "stream_token_wrong_session",
@@ -306,7 +307,8 @@ def session_problem(
     allowed: StreamGrant, agent_id: str, session_key: str | None
 ) -> ApiError | None:
     """Why the stream token ``allowed`` may not follow the agent's session ``session_key``
-    (None: all of its sessions), or None."""
+    (None: all of its sessions), or None. An agent's token (neither turn nor session) follows
+    any of its agent's sessions, or all of them."""
     if allowed.agent != agent_id:
         return wrong_agent(allowed, agent_id)
     if allowed.turn is not None:
@@ -316,7 +318,7 @@ def session_problem(
             f"this stream token is for turn {allowed.turn} only",
             "follow the turn's stream, or ask POST /v1/stream-tokens for a session token",
         )
-    if session_key != allowed.session:
+    if allowed.session is not None and session_key != allowed.session:
         return ApiError(
             403,
             "stream_token_wrong_session",
@@ -340,20 +342,24 @@ class IssuedToken(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omi
     expires_at: str
     agent_id: str
     ttl_s: int
+    scope: Literal["turn", "session", "agent"]
+    """What the token reads: one turn's stream, one session's, or every session of the agent
+    (the firehose with ``agentId``, and any of its turns' streams)."""
     turn_id: str | None = None
     session_key: str | None = None
 
 
 async def create_stream_token(request: Request) -> Response:
-    """``POST /v1/stream-tokens``: a read-only token for one turn's or one session's stream."""
+    """``POST /v1/stream-tokens``: a read-only token for one turn's stream, one session's, or
+    (``agentId`` alone) the agent's: all of its sessions."""
     tokens: StreamTokens = request.app.state.stream_tokens
     body: TokenRequest = decode_body(await read_body(request), TokenRequest)
-    if (body.turn_id is None) == (body.session_key is None):
+    if body.turn_id is not None and body.session_key is not None:
         raise ApiError(
             400,
             "stream_token_target_invalid",
-            "a stream token is for one turn or one session",
-            "send exactly one of turnId and sessionKey",
+            "a stream token is for one turn, one session, or all of an agent's sessions",
+            "send turnId or sessionKey, not both (neither: a token for the agent's whole stream)",
             "turnId",
         )
     if not (1 <= body.ttl_s <= MAX_TTL_S and float(body.ttl_s).is_integer()):
@@ -376,10 +382,17 @@ async def create_stream_token(request: Request) -> Response:
         expires_at=datetime.fromtimestamp(given.expires, UTC).isoformat().replace("+00:00", "Z"),
         agent_id=agent_id,
         ttl_s=ttl_s,
+        scope=_scope(body),
         turn_id=body.turn_id,
         session_key=body.session_key,
     )
     return json_response(issued, 201)
+
+
+def _scope(body: TokenRequest) -> Literal["turn", "session", "agent"]:
+    if body.turn_id is not None:
+        return "turn"
+    return "agent" if body.session_key is None else "session"
 
 
 # --- the firehose ------------------------------------------------------------------------------
@@ -392,7 +405,7 @@ async def events_stream(request: Request) -> Response:
     who = principal(request)
     agent_id = request.query_params.get("agentId") or None
     session_key = request.query_params.get("sessionKey") or None
-    if who.stream is not None:  # a stream token follows its own session, named or not
+    if who.stream is not None:  # a session's token follows its session, named or not
         agent_id = agent_id or who.stream.agent
         session_key = session_key or who.stream.session
         problem = session_problem(who.stream, agent_id, session_key)

@@ -1,4 +1,5 @@
-"""Stream tokens: short-lived, read-only credentials for one turn's or one session's stream.
+"""Stream tokens: short-lived, read-only credentials for one turn's stream, one session's, or
+an agent's (all of its sessions: a grant with neither turn nor session).
 
 A browser's ``EventSource`` cannot send an ``Authorization`` header, so a page whose back end holds
 the API token asks ``POST /v1/stream-tokens`` for a token that opens exactly one stream, and hands
@@ -35,6 +36,7 @@ class StreamGrant(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     agent: str = msgspec.field(name="a")
     turn: str | None = msgspec.field(default=None, name="t")
     session: str | None = msgspec.field(default=None, name="s")
+    """Neither turn nor session: the agent's token, for every one of its sessions."""
     expires: int = msgspec.field(name="x")
     """Unix time, seconds."""
     nonce: str = msgspec.field(name="n")

@@ -208,7 +208,7 @@ async def test_deep_json_on_nats_gets_an_error_reply_on_every_subject(
         subjects.ingress("assistant"),
         *(
             subjects.node_command(api.node.node_id, kind, 0)
-            for kind in ("submit", "stop", "clear", "resolve")
+            for kind in ("submit", "stop", "clear", "resolve", "fork")
         ),
     ]
     nc = await nats.connect(servers.nats_url)

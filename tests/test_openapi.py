@@ -63,6 +63,7 @@ PHASE = "POST /v1/agents/{agent}/sessions/{key}/phase"
 # flag every answer): not generated for; test_the_operations_v1_has_and_we_refuse sends them.
 UNSUPPORTED = frozenset({RELOAD, PHASE})
 MESSAGES = "POST /v1/agents/{agent}/messages"
+FORK = "POST /v1/agents/{agent}/sessions/{key}/fork"
 # Conformance of one answer, whatever produced the request.
 CONFORMANCE = [
     not_a_server_error,
@@ -84,6 +85,8 @@ BY_DATA = frozenset(
     {
         ("GET /v1/agents/{agent}/turns", "turns_page_invalid", "before"),
         ("POST /v1/agents/{agent}/messages", "deliver_invalid", "deliver.channel"),
+        # A fork names a new session: one an earlier generated fork made is taken.
+        (FORK, "session_exists", "newKey"),
         *(
             (label, code, field)
             for label in _SCHEDULE_WRITES
@@ -111,6 +114,7 @@ NEEDS_DATA = frozenset({
     f"PATCH {_SCHEDULE}/{{schedule}}",
     "POST /v1/channels/{channel}/webhook/{agent}",
     "POST /v1/stream-tokens",  # the agent and its turn or session are in the body
+    FORK,  # a turn of the pinned session (index 1, or its id), no other agent named, a new key
 })  # fmt: skip
 # The server ignores query parameters it does not know (as v1 clients expect), and the token is
 # sent by the test (a token the generator made up can only be refused).
@@ -502,6 +506,31 @@ async def test_schedule_writes_by_hand(api: ApiServer) -> None:
         (Request(label=f"POST {one}/run", path=path), 202),
         (Request(label=f"DELETE {one}", path=path), 200),
         (Request(label=f"GET {one}", path=path), 404),
+    ]
+    report = await in_child(
+        Job(kind="send", url=api.url, requests=[request for request, _ in cases])
+    )
+    assert report["problems"] == [], "\n".join(report["problems"])
+    assert [status for status, _ in report["answers"]] == [status for _, status in cases]
+
+
+@pytest.mark.asyncio
+async def test_forks_by_hand(api: ApiServer) -> None:
+    """The fork operation with the requests no generator makes succeed, against the document."""
+    turn_id, key = await finished_turn(api)
+    path = {"agent": "assistant", "key": key}
+    cases: list[tuple[Request, int]] = [
+        (Request(label=FORK, path=path, body={"atTurn": 1}), 201),
+        (Request(label=FORK, path=path, body={"atTurn": turn_id, "newKey": "by-hand"}), 201),
+        (Request(label=FORK, path=path, body={"atTurn": 1.0, "newKey": "by-hand"}), 409),
+        (
+            Request(
+                label=FORK, path=path, body={"atTurn": 1, "agent": "assistant", "newKey": None}
+            ),
+            201,
+        ),
+        (Request(label=FORK, path=path, body={"atTurn": 2}), 404),
+        (Request(label=FORK, path=path, body={"atTurn": 0}), 400),
     ]
     report = await in_child(
         Job(kind="send", url=api.url, requests=[request for request, _ in cases])

@@ -1,5 +1,5 @@
 """The one command path: every command for a session (a message from any door, a stop, an
-approval's answer, a clear) goes to the node that owns the session's partition.
+approval's answer, a clear, a fork) goes to the node that owns the session's partition.
 
 When this node owns it the engine is called in process, with no NATS hop; otherwise the command
 travels to ``<cluster>.node.<owner>.<kind>`` and the owner answers. A command that finds no
@@ -34,6 +34,8 @@ from actors.messages import (
     Accepted,
     Cleared,
     ClearSession,
+    Forked,
+    ForkSession,
     Refused,
     Reply,
     ResolveApproval,
@@ -52,12 +54,13 @@ FORWARDED = Counter(
 )
 MOVING = "session_moving"
 
-Kind = Literal["submit", "stop", "clear", "resolve"]
+Kind = Literal["submit", "stop", "clear", "resolve", "fork"]
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "submit": msgspec.json.Decoder(Submit),
     "stop": msgspec.json.Decoder(StopTurn),
     "clear": msgspec.json.Decoder(ClearSession),
     "resolve": msgspec.json.Decoder(ResolveApproval),
+    "fork": msgspec.json.Decoder(ForkSession),
 }
 _FORWARDED_TIMEOUT = 300.0
 _ENCODE = msgspec.json.Encoder()
@@ -128,6 +131,12 @@ class Commands:
         partition = self._own.partition(resolve.agent_id, session_key)
         reply = await self._route(partition, "resolve", resolve, timeout)
         return reply.resolved or reply.error or _empty()
+
+    async def fork(self, fork: ForkSession, timeout: float = 10.0) -> Forked | Refused:
+        """To the owner of the new session (which reads the source from the read models)."""
+        partition = self._own.partition(fork.agent_id, fork.session_key)
+        reply = await self._route(partition, "fork", fork, timeout)
+        return reply.forked or reply.error or _empty()
 
     # --- routing ----------------------------------------------------------------------------------
 
@@ -232,6 +241,7 @@ async def _handle(engine: Engine, kind: str, command: Any) -> Reply:
         "stop": engine.stop,
         "clear": engine.clear,
         "resolve": engine.resolve_approval,
+        "fork": engine.fork,
     }
     result = await handlers[kind](command)
     if isinstance(result, Refused):
@@ -242,6 +252,8 @@ async def _handle(engine: Engine, kind: str, command: Any) -> Reply:
         return Reply(stop=result)
     if isinstance(result, Cleared):
         return Reply(cleared=result)
+    if isinstance(result, Forked):
+        return Reply(forked=result)
     return Reply(resolved=result)
 
 

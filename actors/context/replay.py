@@ -2,10 +2,10 @@
 
 Compaction never rewrites the stored history: a ``compaction.stage`` event records what each rung
 marked or the digest it wrote. Folding the session's events up to the turn (its earlier turns'
-rows, their compaction stages, its notes, a clear) gives the history the turn started from; then
-the turn's own events, replayed in order, give the request of every ``context.assembled``. The
-pinned blocks come from the agent as it is loaded now: a manifest edited since the turn ran
-changes them (and so the replay).
+rows, their compaction stages, its notes, a clear, the fork it started from) gives the history
+the turn started from; then the turn's own events, replayed in order, give the request of every
+``context.assembled``. The pinned blocks come from the agent as it is loaded now: a manifest
+edited since the turn ran changes them (and so the replay).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from eventstore.catalogue import (
     ContextAssembled,
     ModelResult,
     SessionCleared,
+    SessionForked,
     ToolResult,
     TurnAttempt,
     TurnEnd,
@@ -49,7 +50,7 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
     meta = own[0].metadata
     start = own[0].position
     session = await _session_events(store, meta.agent_id or "", meta.session_key or "", start)
-    history = _history_before(session, start)
+    history = _history_before(session, start, await _fork_starts(store, session))
     requests: list[dict[str, Any]] = []
     state = TurnState()
     for event in own:
@@ -85,11 +86,25 @@ async def _session_events(
         version = page[-1].version + 1
 
 
-def _history_before(session: list[RecordedEvent], start: int) -> History:
+async def _fork_starts(store: EventStore, session: list[RecordedEvent]) -> dict[str, int]:
+    """The ``turn.start`` positions of the turns a fork copied (turns of another session): the
+    live history orders the copied rows by them, and a digest's ``through`` cuts them by them."""
+    copied = sorted({t for e in session if isinstance(e.data, SessionForked) for t in e.data.turns})
+    if not copied:
+        return {}
+    starts = await store.aread_turns(copied, [TurnStart.TYPE])
+    return {e.metadata.turn_id: e.position for e in starts if e.metadata.turn_id is not None}
+
+
+def _history_before(
+    session: list[RecordedEvent], start: int, fork_starts: dict[str, int]
+) -> History:
     """The history a turn accepted at log position ``start`` read (turns run one at a time, so
-    every earlier turn that ran had ended)."""
+    every earlier turn that ran had ended): the rows a fork copied, if the session was forked
+    (and not cleared since), then its own earlier turns' rows."""
     cleared = max((e.position for e in session if isinstance(e.data, SessionCleared)
                    and e.position < start), default=-1)  # fmt: skip
+    entries = _forked(session, cleared, start, fork_starts)
     starts: dict[str, int] = {}
     ran: set[str] = set()
     ends: dict[str, TurnEnd] = {}
@@ -108,7 +123,6 @@ def _history_before(session: list[RecordedEvent], start: int) -> History:
     earlier = sorted((s, t) for t, s in starts.items()
                      if cleared < s < start and t in ran and t in ends)  # fmt: skip
     history = History()
-    entries: list[Entry] = []
     stages: list[tuple[int, CompactionStage]] = []
     for turn_start, turn in earlier:
         for event in by_turn[turn]:
@@ -126,6 +140,20 @@ def _history_before(session: list[RecordedEvent], start: int) -> History:
         history.last_error = last_error_line(end.reason, error.code if error else None,
                                              error.message if error else None)  # fmt: skip
     return history
+
+
+def _forked(
+    session: list[RecordedEvent], cleared: int, start: int, fork_starts: dict[str, int]
+) -> list[Entry]:
+    """The entries of the session's ``session.forked`` (its first event), unless a clear after
+    it dropped them; each row keeps its source turn and that turn's start, as the messages
+    projection and the live history (load.py) have them."""
+    for event in session:
+        data = event.data
+        if isinstance(data, SessionForked) and cleared < event.position < start:
+            return [entry(m.turn_id, fork_starts.get(m.turn_id, event.position), m.role, m.content)
+                    for m in data.messages]  # fmt: skip
+    return []
 
 
 def _apply_stage(history: History, stage: CompactionStage) -> None:
