@@ -251,7 +251,13 @@ class ToolRepair(Event, frozen=True):
 
 
 class ApprovalRequested(Event, frozen=True):
+    """A call waits for a person. ``args`` (private, revealable: the person deciding reads them
+    with the API token) is what the call would run with; events from before it was recorded have
+    none."""
+
     TYPE: ClassVar[str] = "approval.requested"
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"args"})
+    REVEALABLE: ClassVar[frozenset[str]] = frozenset({"args"})
     approval_id: str
     slug: str
     call_id: str
@@ -260,6 +266,7 @@ class ApprovalRequested(Event, frozen=True):
     match: str | None = None
     expires_at: str = ""
     """ISO 8601: unanswered by then, the request is resolved as denied (by ``timeout``)."""
+    args: dict[str, object] | None = None
 
 
 class ApprovalResolved(Event, frozen=True):

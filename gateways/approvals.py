@@ -9,13 +9,27 @@ with the call or with a refusal the model reads.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import msgspec
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from actors.messages import Refused, ResolveApproval
-from gateways.api import ApiError, agent, commands_of, decode_body, fetch, read_body, refused
+from eventstore import EventStore, StoreError
+from eventstore.catalogue import ApprovalRequested
+from gateways.api import (
+    ApiError,
+    agent,
+    commands_of,
+    decode_body,
+    fetch,
+    private_param,
+    read_body,
+    refused,
+    store_error,
+    store_of,
+)
 from gateways.errors import json_response
 
 
@@ -30,6 +44,12 @@ class ApprovalInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     reason: str
     requested_at: datetime
     expires_at: datetime | None = None
+    args: dict[str, Any] | msgspec.UnsetType | None = msgspec.UNSET
+    """With ``?private=true`` (API token only): what the call would run with (null for a request
+    logged before arguments were recorded)."""
+
+
+_ROW = ApprovalInfo.__struct_fields__[:-1]  # the columns of sql/approvals.sql
 
 
 class ApprovalList(msgspec.Struct, frozen=True):
@@ -47,10 +67,25 @@ class DecisionAnswer(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 async def list_approvals(request: Request) -> Response:
     target = agent(request)
+    reveal = private_param(request)
     rows = await fetch(request, "approvals", {"agent": target.id})
-    fields = ApprovalInfo.__struct_fields__
-    return json_response(ApprovalList([ApprovalInfo(**dict(zip(fields, r, strict=True)))
-                                       for r in rows]))  # fmt: skip
+    found = [ApprovalInfo(**dict(zip(_ROW, r, strict=True))) for r in rows]
+    if reveal and found:
+        args = await _arguments(store_of(request), found)
+        found = [msgspec.structs.replace(a, args=args.get(a.approval_id)) for a in found]
+    return json_response(ApprovalList(found))
+
+
+async def _arguments(store: EventStore, approvals: list[ApprovalInfo]) -> dict[str, Any]:
+    """Each approval's call arguments, from its ``approval.requested`` (one read for all)."""
+    turns = sorted({a.turn_id for a in approvals})
+    try:
+        events = await store.aread_turns(turns, [ApprovalRequested.TYPE])
+    except StoreError as e:
+        raise store_error(e) from e
+    return {
+        e.data.approval_id: e.data.args for e in events if isinstance(e.data, ApprovalRequested)
+    }
 
 
 async def decide(request: Request) -> Response:

@@ -612,7 +612,18 @@ def _paths() -> dict[str, Any]:
             "get": _op(
                 "Tool calls waiting for a person's approval, oldest first",
                 {"200": _json(_ref(ApprovalList), "Pending approvals")},
-                params=[AGENT],
+                params=[
+                    AGENT,
+                    _param(
+                        "private",
+                        "query",
+                        "`true`: each approval with `args`, what the call would run with (API "
+                        "token only)",
+                        {"type": "boolean"},
+                        required=False,
+                    ),
+                ],
+                errors=("400", "401", "403", "404"),
             )
         },
         agent + "/approvals/{approval}": {

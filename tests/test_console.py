@@ -264,6 +264,8 @@ def test_approve_runs_the_tool_once_and_deny_reports_a_refusal(
     page.wait_for_selector("button.approve")
     assert turn(node, "talker", first)["state"] == "awaiting_approval"
     assert "record" in page.inner_text("main table")
+    # The person deciding sees what the call would run with.
+    assert json.loads(page.inner_text("main table pre.args")) == {"path": str(marker), "seconds": 0}
     shoot(page, "approvals")
     page.click("button.approve")
     assert wait_ended(node, "talker", first)["status"] == "final"

@@ -467,3 +467,40 @@ async def test_an_agent_stream_token_reads_every_session_of_its_agent_only(
         await receive_until(ws, answered, timeout=10)
     assert answers == {"all": ("ws.subscribed", None), "s2": ("ws.subscribed", None),
                        "theirs": ("ws.error", "stream_token_wrong_agent")}  # fmt: skip
+
+
+# --- 5. approvals with what the call would run with ----------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_approvals_show_the_api_token_the_calls_arguments_on_private_true(
+    api_factory: ApiFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "asked.txt"
+    api_factory.write_agent("console", CONSOLE.format(path=path))
+    api = await api_factory.start(tokens=[TOKEN])
+    async with client(api) as http:
+        turn_id = await post(http, "console", "wait", "asks")
+
+        async def waiting() -> list[Json]:
+            answer = await http.get("/v1/agents/console/approvals")
+            listed: list[Json] = answer.json()["approvals"]
+            return listed
+
+        [public] = await eventually(waiting, "the approval")
+        assert public["turnId"] == turn_id and "args" not in public
+        revealed = await http.get("/v1/agents/console/approvals", params={"private": "true"})
+        assert revealed.status_code == 200, revealed.text
+        [asked] = revealed.json()["approvals"]
+        assert asked["args"] == {"path": str(path), "seconds": 0}
+        assert {k: v for k, v in asked.items() if k != "args"} == public
+        error_of(await http.get("/v1/agents/console/approvals", params={"private": "yes"}),
+                 400, "invalid_value", "private")  # fmt: skip
+        # The event keeps them private: the turn's public events do not show them.
+        events = (await http.get(f"/v1/agents/console/turns/{turn_id}/events")).json()["events"]
+        requested = by_type(events, "approval.requested")
+        assert "args" not in requested["data"]
+        events = (
+            await http.get(f"/v1/agents/console/turns/{turn_id}/events", params={"private": "true"})
+        ).json()["events"]
+        assert by_type(events, "approval.requested")["data"]["args"] == asked["args"]

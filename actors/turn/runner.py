@@ -556,7 +556,7 @@ class TurnRunner:
                 approval_id=ids.approval_id(self.turn_id, block["id"]), slug=spec.name,
                 call_id=block["id"], mutating=spec.mutating,
                 reason=f"the agent's policy asks for approval before {spec.name} runs",
-                expires_at=expires.isoformat(),
+                expires_at=expires.isoformat(), args=block.get("input"),
             )
             for block, spec in calls
         ])  # fmt: skip

@@ -12,10 +12,11 @@ export async function approvalsView(main, { query: q }, ctx) {
 
   async function refresh() {
     const agents = (await api("/v1/agents")).filter((a) => !q.get("agent") || a.id === q.get("agent"));
-    const waiting = (await Promise.all(agents.map((a) => api(agentPath(a.id, "approvals")).then((r) => r.approvals)))).flat();
+    const waiting = (await Promise.all(agents.map((a) => api(agentPath(a.id, "approvals") + query({ private: "true" })).then((r) => r.approvals)))).flat();
     waiting.sort((x, y) => (x.requestedAt < y.requestedAt ? -1 : 1));
     replace(list, table("Approvals", [
       { label: "Tool", cell: (a) => [h("code", {}, a.slug), a.mutating ? " (mutating)" : ""] },
+      { label: "Arguments", cell: (a) => (a.args ? h("pre", { class: "json args" }, JSON.stringify(a.args, null, 2)) : h("span", { class: "muted" }, "not recorded")) },
       { label: "Why", cell: (a) => a.reason || "—" },
       { label: "Agent", cell: (a) => a.agentId },
       { label: "Session", cell: (a) => link(route("agents", a.agentId, "sessions", a.sessionKey), a.sessionKey) },
