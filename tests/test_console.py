@@ -27,6 +27,7 @@ from gateways import console
 from tests import fakes
 from tests.conftest import ROOT
 from tests.fakes import FakeAnthropic, Reply, ToolUse
+from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.test_browser import (  # noqa: F401 - fixtures
     ServeFactory,
     ServeNode,
@@ -35,6 +36,7 @@ from tests.test_browser import (  # noqa: F401 - fixtures
     wait_until,
     write_agent,
 )
+from tests.test_console_api import WEBHOOK_SECRET, hooked
 
 fake_anthropic = fakes.fake_anthropic
 pytestmark = pytest.mark.slow
@@ -385,6 +387,78 @@ def _text(message: dict[str, Any]) -> str:
     if isinstance(content, str):
         return content
     return "".join(b.get("text", "") for b in content if b.get("type") == "text")
+
+
+# --- firehose and deliveries ---------------------------------------------------------------------
+
+
+@pytest.mark.timeout(180)
+def test_the_firehose_resumes_from_the_cursor_in_its_url(
+    talker: Callable[..., ServeNode],
+    fake_anthropic: FakeAnthropic,
+    open_console: Callable[..., Page],
+) -> None:
+    fake_anthropic.script(Reply(text="one"), Reply(text="two"))
+    node = talker()
+    page = open_console(node, "#/firehose?agent=talker")
+    page.wait_for_selector(".live-state:text('live')")
+    first = send(node, "talker", "hose", "first")
+    page.wait_for_selector(".firehose [data-type='turn.end']")
+    wait_ended(node, "talker", first)
+    page.wait_for_function("() => location.hash.includes('after=')")
+    page.wait_for_timeout(300)  # the URL follows the last row within 200 ms
+    resume = page.url
+    last = page.evaluate("() => document.querySelector('.firehose li:last-child').dataset.cursor")
+    assert resume.endswith(f"after={last}")
+    shoot(page, "firehose")
+    page.goto("about:blank")
+    second = send(node, "talker", "hose", "second")  # while no page watches
+    wait_ended(node, "talker", second)
+    page.goto(resume)
+    page.wait_for_selector(".firehose [data-type='turn.end']")
+    shown: list[str] = page.evaluate(
+        "() => [...document.querySelectorAll('.firehose li')].map(e => e.dataset.id)"
+    )
+    stored = [e["id"] for e in events_of(node, "talker", second) if e["type"] != "model.chunk"]
+    assert shown == stored  # all of the second turn, once, and nothing of the first
+
+
+@pytest.mark.timeout(180)
+def test_the_deliveries_view_says_where_each_reply_stands(
+    serve: ServeFactory,  # noqa: F811
+    open_console: Callable[..., Page],
+    tmp_path: Path,
+) -> None:
+    with WebhookReceiver(WEBHOOK_SECRET) as receiver:
+        write_agent(tmp_path, "hooked", hooked(receiver.url))
+        node = serve(DISPACH_WEBHOOK_SECRET=WEBHOOK_SECRET)
+        deliver = {"deliver": {"channel": "hooks", "to": "ops"}}
+        with node.http() as http:
+            sent = http.post("/v1/agents/hooked/messages", json={"text": "a", **deliver})
+            assert sent.status_code == 202, sent.text
+            wait_until(lambda: len(receiver.received) == 1, "the first delivery")
+            receiver.fail_next(400)
+            failed = http.post("/v1/agents/hooked/messages", json={"text": "b", **deliver})
+            assert failed.status_code == 202, failed.text
+        page = open_console(node, "#/deliveries")
+        page.wait_for_selector("#h-outbox")
+
+        def statuses() -> list[str]:
+            page.goto(f"{node.url}/console/#/deliveries?t={time.monotonic()}")
+            page.wait_for_selector("#h-outbox")
+            rows = page.locator("main section:first-of-type tbody tr td:first-child")
+            cells: list[str] = rows.all_inner_texts()
+            return cells
+
+        wait_until(lambda: statuses() == ["failed", "sent"], "a failed and a sent delivery")
+        assert "delivery_http_400" in page.inner_text("main section:first-of-type table")
+        shoot(page, "deliveries")
+        page.select_option("#delivery-status", "sent")
+        page.wait_for_function("() => location.hash.includes('status=sent')")
+        page.wait_for_selector("#h-outbox")
+        wait_until(
+            lambda: page.locator("main section:first-of-type tbody tr").count() == 1, "the filter"
+        )
 
 
 # --- with a token --------------------------------------------------------------------------------
