@@ -290,20 +290,16 @@ class Client:
         path = f"/v1/agents/{_seg(agent)}/sessions/{_seg(key)}/fork"
         return _JSON.decode(self._request("POST", path, json=body).content)
 
-    def approvals(self, agent: str) -> list[dict[str, Any]]:
-        """The agent's tool calls waiting for a person (``approvalId``, ``slug``, ``turnId``, …)."""
-        path = f"/v1/agents/{_seg(agent)}/approvals"
+    def approvals(self, agent: str, *, private: bool = False) -> list[dict[str, Any]]:
+        """The agent's tool calls waiting for a person (``approvalId``, ``slug``, ``turnId``, …;
+        with ``private``, the ``args`` each call would run with: the API token only)."""
+        path = f"/v1/agents/{_seg(agent)}/approvals" + ("?private=true" if private else "")
         return list(_JSON.decode(self._request("GET", path).content)["approvals"])
 
-    def decide(
-        self, agent: str, approval_id: str, granted: bool, reason: str | None = None
-    ) -> dict[str, Any]:
+    def decide(self, agent: str, approval_id: str, granted: bool) -> dict[str, Any]:
         """Answer an approval: the turn runs the call (granted) or reads a refusal."""
-        body: dict[str, object] = {"granted": granted}
-        if reason is not None:
-            body["reason"] = reason
         path = f"/v1/agents/{_seg(agent)}/approvals/{_seg(approval_id)}"
-        return _JSON.decode(self._request("POST", path, json=body).content)
+        return _JSON.decode(self._request("POST", path, json={"granted": granted}).content)
 
     def stream_turn(
         self,

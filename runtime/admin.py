@@ -6,6 +6,7 @@ fetch and echo. A field a node does not send yet is left out of the line, never 
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Sequence
 from datetime import datetime
@@ -149,6 +150,8 @@ def describe_approvals(approvals: Sequence[dict[str, Any]]) -> list[str]:
         ]
         if a.get("reason"):
             lines.append(f"  reason: {a['reason']}")
+        if a.get("args") is not None:
+            lines.append(f"  arguments: {json.dumps(a['args'], ensure_ascii=False)}")
         lines += [f"  grant: {grant}", f"  deny:  {deny}"]
     return lines
 

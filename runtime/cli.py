@@ -501,7 +501,7 @@ def approvals_list(url: str, agent: str | None, as_json: bool) -> None:
     """
     with _client_errors(), _client(url) as client:
         ids = [agent] if agent else [a["id"] for a in client.agents()]
-        waiting = sorted((w for i in ids for w in client.approvals(i)),
+        waiting = sorted((w for i in ids for w in client.approvals(i, private=True)),
                          key=lambda w: str(w.get("requestedAt")))  # fmt: skip
     _echo({"approvals": waiting}, admin.describe_approvals(waiting), as_json)
 
@@ -510,30 +510,26 @@ def approvals_list(url: str, agent: str | None, as_json: bool) -> None:
 @_url_option
 @click.argument("approval_id", metavar="ID")
 @_agent_option
-@click.option("--reason", help="Why, sent with the answer.")
 @_json_option
-def approvals_grant(url: str, approval_id: str, agent: str, reason: str | None,
-                    as_json: bool) -> None:  # fmt: skip
+def approvals_grant(url: str, approval_id: str, agent: str, as_json: bool) -> None:
     """Let the waiting call ID run; its turn carries on with the tool's result."""
-    _decide(url, approval_id, agent, reason, as_json, granted=True)
+    _decide(url, approval_id, agent, as_json, granted=True)
 
 
 @approvals.command("deny")
 @_url_option
 @click.argument("approval_id", metavar="ID")
 @_agent_option
-@click.option("--reason", help="Why, sent with the answer.")
 @_json_option
-def approvals_deny(url: str, approval_id: str, agent: str, reason: str | None,
-                   as_json: bool) -> None:  # fmt: skip
+def approvals_deny(url: str, approval_id: str, agent: str, as_json: bool) -> None:
     """Refuse the waiting call ID; its turn carries on, the model told the call was refused."""
-    _decide(url, approval_id, agent, reason, as_json, granted=False)
+    _decide(url, approval_id, agent, as_json, granted=False)
 
 
-def _decide(url: str, approval_id: str, agent: str, reason: str | None, as_json: bool, *,
+def _decide(url: str, approval_id: str, agent: str, as_json: bool, *,
             granted: bool) -> None:  # fmt: skip
     with _client_errors(), _client(url) as client:
-        answer = client.decide(agent, approval_id, granted, reason)
+        answer = client.decide(agent, approval_id, granted)
     then = "the call runs" if answer.get("granted") else "the model reads a refusal"
     done = "granted" if answer.get("granted") else "denied"
     _echo(answer, [f"{done} {answer.get('approvalId')} (agent {agent}): {then}"], as_json)

@@ -198,6 +198,8 @@ async def test_approvals_are_listed_with_their_commands_then_granted_or_denied(
     assert lines[0] == f"{aid}  agent careful  session api:default  turn {turn_id}"
     assert lines[1].startswith(f"  tool record ({approval['callId']}, mutating), requested 20")
     assert f"  grant: {grant}" in lines and f"  deny:  {deny}" in lines
+    assert approval["args"] == {"path": str(ran), "seconds": 0}  # what the person approves
+    assert f'  arguments: {{"path": "{ran}", "seconds": 0}}' in lines
     assert not ran.exists()  # nothing runs before the answer
 
     assert await ok(api, *grant.split()[1:]) == (f"granted {aid} (agent careful): the call runs\n")
@@ -217,9 +219,7 @@ async def test_approvals_are_listed_with_their_commands_then_granted_or_denied(
         dispach(api, "send", "--agent", "careful", "--session", "s2", "record that")
     )
     (second,) = await waiting(api, 1)
-    answer = await as_json(
-        api, "approvals", "deny", second["approvalId"], "--agent", "careful", "--reason", "no"
-    )
+    answer = await as_json(api, "approvals", "deny", second["approvalId"], "--agent", "careful")
     assert answer == {"approvalId": second["approvalId"], "granted": False}
     code, out, err = await sending
     assert code == 0, err
