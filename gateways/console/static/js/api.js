@@ -87,17 +87,17 @@ export async function streamToken(grant) {
 
 const PAGE = 1000;
 
-/** Every page of a turn's stored events, in log order, calling onPage(events) per page. */
-export async function turnEvents(agent, turnId, onPage, { signal, privateFields = false } = {}) {
-  let after = "";
+/** Every page of a turn's stored events, in log order, calling onPage(events) per page; the
+ * next page is asked for while onPage handles this one. */
+export async function turnEvents(agent, turnId, onPage) {
+  const path = agentPath(agent, "turns", enc(turnId), "events");
+  const ask = (after) => api(path + query({ after, limit: PAGE }));
+  let next = ask("");
   for (;;) {
-    const page = await api(
-      agentPath(agent, "turns", enc(turnId), "events") +
-        query({ after, limit: PAGE, private: privateFields && token() ? "true" : "" }),
-      { signal },
-    );
+    const page = await next;
+    const more = page.next && page.events.length === PAGE;
+    if (more) next = ask(page.next);
     onPage(page.events);
-    if (!page.next || page.events.length < PAGE) return;
-    after = page.next;
+    if (!more) return;
   }
 }

@@ -63,7 +63,7 @@ export async function firehoseView(main, { query: q }, ctx) {
   await live.start(cursor);
 }
 
-/** "agent/key" → [agent, key] (a key may contain "/"? no: keys never do). */
+/** "agent/key" → [agent, key] (session keys never contain "/"). */
 function parseRef(ref) {
   const at = (ref || "").indexOf("/");
   return at > 0 ? [ref.slice(0, at), ref.slice(at + 1)] : [null, null];

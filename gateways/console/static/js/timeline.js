@@ -3,10 +3,8 @@
 // never re-rendered. Events that arrive live before the turn's stored events were read wait in
 // `pending`, so what is shown is always in log order.
 
-import { agentPath, api, enc, query } from "./api.js";
+import { agentPath, api, enc, query, turnEvents } from "./api.js";
 import { brief, clock, h, link, num, pretty, route, status, withQuery, replace } from "./dom.js";
-
-const EVENTS_PAGE = 1000;
 
 /** One line per event type: what a person wants to read at a glance. */
 const SUMMARY = {
@@ -103,21 +101,13 @@ export class TurnView {
   load() {
     if (this.loaded) return Promise.resolve();
     this.loading ??= (async () => {
-      // Page after page; the next one is asked for while this one renders.
-      const path = agentPath(this.agent, "turns", enc(this.turn.turnId), "events");
-      const ask = (after) => api(path + query({ after, limit: EVENTS_PAGE }));
-      let next = ask("");
-      for (;;) {
-        const page = await next;
-        const more = page.next && page.events.length === EVENTS_PAGE;
-        if (more) next = ask(page.next);
-        this.render(page.events);
+      await turnEvents(this.agent, this.turn.turnId, (events) => {
+        this.render(events);
         if (!this.painted) {
           this.painted = true;
           performance.mark("dispach.timeline.painted"); // the first events are on the page
         }
-        if (!more) break;
-      }
+      });
       this.loaded = true;
       const waiting = this.pending;
       this.pending = [];
