@@ -289,6 +289,8 @@ class SessionActor(LoopActor):
 
     def _start(self, turn_id: str, stop_by: str | None) -> None:
         engine = self._engine
+        # The agent as it is now: its tool list is built again when an MCP server's changes.
+        self._agent = engine.agents.get(self._state.agent_id, self._agent)
         runner = TurnRunner(
             engine.store, self._agent, turn_id, self._session_key, engine.node_id,
             stored=self._accepted.pop(turn_id, None), history=self._history,

@@ -213,12 +213,15 @@ class ToolCall(Event, frozen=True):
     server: bool = False
     """A server tool (web search, web fetch, code execution): the provider ran it within the
     model call; the event records it (its input and result are in ``model.result.content``)."""
+    source: str | None = None
+    """``mcp``: a tool of an MCP server (named by ``mcp_server``); None: of this node."""
+    mcp_server: str | None = None
 
 
 class ToolResult(Event, frozen=True):
     TYPE: ClassVar[str] = "tool.result"
-    PRIVATE: ClassVar[frozenset[str]] = frozenset({"output"})
-    REVEALABLE: ClassVar[frozenset[str]] = frozenset({"output"})
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"output", "content"})
+    REVEALABLE: ClassVar[frozenset[str]] = frozenset({"output", "content"})
     slug: str
     call_id: str
     ok: bool
@@ -234,6 +237,14 @@ class ToolResult(Event, frozen=True):
     server: bool = False
     """The result of a server tool, run by the provider (see ``tool.call.server``): not sent
     back as a ``tool_result`` (it is a block of the model's own reply)."""
+    error_code: str | None = None
+    """Why ``ok`` is false: ``tool_failed``, ``tool_timeout``, ``tool_error`` (the tool said it
+    failed), ``tool_unavailable`` (its MCP server is down), ``tool_cancelled``."""
+    content: list[dict[str, object]] | None = None
+    """The result as the model reads it when it is more than text: a text block and image
+    blocks (``output`` is then the text)."""
+    source: str | None = None
+    mcp_server: str | None = None
 
 
 class ToolGated(Event, frozen=True):

@@ -265,7 +265,7 @@ def history_row(event: Event | UnknownEvent) -> tuple[str, Any] | None:
                 {
                     "type": "tool_result",
                     "tool_use_id": result.call_id,
-                    "content": result.output or "",
+                    "content": result.content or result.output or "",
                     "is_error": not result.ok and not result.refused,
                 },
             )

@@ -24,6 +24,28 @@ WS_SLOW_CONSUMERS = Counter(
     "not take the close in time).",
 )
 
+MCP_SERVER_UP = Gauge(
+    "dispach_mcp_server_up",
+    "1 while this node's session with the MCP server is open, else 0.",
+    ["server"],
+)
+MCP_SERVER_TOOLS = Gauge(
+    "dispach_mcp_server_tools",
+    "Tools the MCP server offers, as last listed (less those refused for their name or schema).",
+    ["server"],
+)
+MCP_SERVER_FAILURES = Counter(
+    "dispach_mcp_server_failures",
+    "Sessions with the MCP server that failed to open or were lost (each is started again).",
+    ["server"],
+)
+MCP_CALLS = Counter(
+    "dispach_mcp_calls",
+    "Tool calls sent to the MCP server, by outcome: ok, error (the tool's isError), unavailable "
+    "(the server down or lost), refused (an MCP error), cancelled (a deadline or a stop).",
+    ["server", "outcome"],
+)
+
 
 async def metrics_endpoint(request: Request) -> Response:
     """The whole process's series, for an unscoped token only: the series are not per agent's

@@ -140,7 +140,8 @@ class ToolInfo(_Body, frozen=True):
     """``untrusted``: what it returns comes from outside (``untrusted_output``), so the turn's
     mutating calls after it need approval."""
     provider: str
-    """Where the tool runs: ``local`` (in the node: built-ins and Python tools)."""
+    """Where the tool runs: ``local`` (in the node: built-ins and Python tools) or
+    ``mcp:<server>`` (an MCP server the manifest declares)."""
     policy: Literal["allow", "deny", "ask"]
     """``ask``: each call waits for a person's approval; ``deny``: never run."""
     timeout_s: float

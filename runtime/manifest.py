@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,12 +26,13 @@ from actors.context.policy import STAGES, ContextPolicy
 from actors.model import Model, Reasoning
 from actors.outbox import Channel
 from actors.schedule.plan import ScheduleSpec, problems
-from actors.tools import BUILTINS, ToolRegistry, ToolSpec, load_custom
+from actors.tools import BUILTINS, StaticSource, ToolRegistry, ToolSource, ToolSpec, load_custom
 from actors.turn.core import Limits
 from eventstore.catalogue import Deliver, ErrorDetail
 from eventstore.errors import DispachError
 from gateways.channels import ChannelConfig
 from gateways.channels import build as build_channel
+from gateways.mcp.spec import Http, ServerSpec, Stdio
 from gateways.model import ScriptedModel, ScriptRule
 from runtime.manifest_v1 import is_v1, translate
 
@@ -146,6 +147,28 @@ class ToolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """What the tool returns comes from outside (a web page, a mail)."""
 
 
+class McpServerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An MCP server whose tools the agent uses: a command run over stdio, or a streamable-HTTP
+    ``url``. In ``env`` and ``headers``, ``${VAR}`` is read from the node's environment (a
+    secret stays out of the manifest)."""
+
+    name: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,30}$")]
+    """Its tools are named ``<name>__<tool>``."""
+    command: str | None = None
+    args: list[str] = msgspec.field(default_factory=list)
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    cwd: str | None = None
+    url: str | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    tools: list[str] | None = None
+    """The server's tools the agent may use, by their names on the server (default: all)."""
+    policy: dict[str, Literal["allow", "deny", "ask"]] = msgspec.field(default_factory=dict)
+    """Per tool (its name on the server): ``ask`` waits for a person, ``deny`` refuses."""
+    timeout_s: Seconds | None = None
+    """Each call's deadline (default: ``limits.tool_timeout_s``)."""
+    untrusted_output: bool = False
+
+
 class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_steps: Positive = 8
     turn_timeout_s: Seconds = 300.0
@@ -194,6 +217,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     reminders: list[str] = msgspec.field(default_factory=list)
     """Rules re-asserted in a pinned block after the instructions and configuration."""
     tools: list[str | ToolConfig] = msgspec.field(default_factory=list)
+    mcp_servers: list[McpServerConfig] = msgspec.field(default_factory=list)
     limits: LimitsConfig = LimitsConfig()
     context: ContextConfig = ContextConfig()
     session: SessionConfig = SessionConfig()
@@ -243,8 +267,15 @@ def decode(text: str | bytes, source: str) -> Manifest:
 
 
 def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[str, Agent]:
-    """The default agent plus every ``*.yaml`` manifest in ``directory``, built into agents."""
+    """The default agent plus every ``*.yaml`` manifest in ``directory``, built into agents
+    (without the tools of MCP servers, which a running node's :class:`~gateways.mcp.client.Hub`
+    lists: see :func:`build`)."""
     env = dict(os.environ) if env is None else env
+    return {m.id: build(m, env) for m in load_manifests(directory).values()}
+
+
+def load_manifests(directory: Path | None) -> dict[str, Manifest]:
+    """The default agent's manifest plus every ``*.yaml`` one in ``directory``, by id."""
     manifests = {DEFAULT.id: DEFAULT}
     if directory is not None and directory.is_dir():
         for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
@@ -256,19 +287,16 @@ def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[
                     field="id",
                 )
             manifests[manifest.id] = manifest
-    return {m.id: build(m, env) for m in manifests.values()}
+    return manifests
 
 
-def build(manifest: Manifest, env: dict[str, str]) -> Agent:
+def build(manifest: Manifest, env: dict[str, str], mcp: Sequence[ToolSource] = ()) -> Agent:
+    """The agent of ``manifest``; ``mcp``: the sources of the MCP servers it declares, whose
+    tools (as their servers last listed them) join its own."""
     model = _model(manifest.id, manifest.model, env, "model")
     policy = _context_policy(manifest)
-    tools = [_tool(manifest, t) for t in manifest.tools]
-    if tools and "artifact_read" not in {t.name for t in tools}:
-        # Compaction shortens old tool results and names this tool to read them whole.
-        tools.append(BUILTINS["artifact_read"]())
-    registry = ToolRegistry(tools)
     provider = _provider(manifest.model, env)
-    server = _server_tools(manifest, provider, set(registry.names))
+    registry, pinned = _catalogue(manifest, model, policy, provider, mcp)
     compactor = manifest.context.compactor
     limits = manifest.limits
     agent = Agent(
@@ -277,7 +305,7 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
         model=model,
         model_id=manifest.model.id,
         max_tokens_per_call=manifest.model.max_output_tokens,
-        pinned=_pinned(manifest, model, registry, policy, server),
+        pinned=pinned,
         tools=registry,
         limits=Limits(
             max_steps=limits.max_steps,
@@ -304,6 +332,110 @@ def build(manifest: Manifest, env: dict[str, str]) -> Agent:
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,
              channels=sorted(agent.channels))  # fmt: skip
     return agent
+
+
+def with_tools(agent: Agent, manifest: Manifest, env: dict[str, str],
+               mcp: Sequence[ToolSource]) -> Agent:  # fmt: skip
+    """``agent`` with its tool list built again (an MCP server's tools changed): the same
+    model and channels, a new registry and pinned prefix."""
+    provider = _provider(manifest.model, env)
+    registry, pinned = _catalogue(manifest, agent.model, agent.context, provider, mcp)
+    log.info("agent_tools_changed", agent=agent.id, tools=registry.names)
+    return dataclasses.replace(agent, tools=registry, pinned=pinned)
+
+
+def _catalogue(manifest: Manifest, model: Model, policy: ContextPolicy, provider: str,
+               mcp: Sequence[ToolSource]) -> tuple[ToolRegistry, Pinned]:  # fmt: skip
+    """The agent's tools, from its sources in order (its own, then its MCP servers'), and its
+    pinned prefix. A name its own tools use twice is a manifest error (DuplicateTool); a tool
+    of a server whose name is taken already is left out, and said so."""
+    own = [_tool(manifest, t) for t in manifest.tools]
+    if (own or mcp) and "artifact_read" not in {t.name for t in own}:
+        # Compaction shortens old tool results and names this tool to read them whole.
+        own.append(BUILTINS["artifact_read"]())
+    tools: list[ToolSpec] = []
+    taken: set[str] = set()
+    for source in [StaticSource("local", own), *mcp]:
+        for problem in source.problems():
+            log.warning("tool_source_problem", agent=manifest.id, source=source.name,
+                        problem=problem)  # fmt: skip
+        for spec in source.specs():
+            if spec.name in taken and source.kind != "local":
+                log.warning("mcp_tool_refused", agent=manifest.id, server=source.name,
+                            tool=spec.name, reason="the agent has a tool of that name")  # fmt: skip
+                continue
+            taken.add(spec.name)
+            tools.append(spec)
+    registry = ToolRegistry(tools)
+    server = _server_tools(manifest, provider, set(registry.names))
+    return registry, _pinned(manifest, model, registry, policy, server)
+
+
+def mcp_servers(manifest: Manifest, env: Mapping[str, str]) -> list[ServerSpec]:
+    """The MCP servers ``manifest`` declares, checked, with ``${VAR}`` read from ``env``."""
+    specs: list[ServerSpec] = []
+    seen: set[str] = set()
+    for index, config in enumerate(manifest.mcp_servers):
+        where = f"mcp_servers[{index}]"
+        if config.name in seen:
+            raise ManifestError(f"agent {manifest.id!r}: MCP server {config.name!r} is declared "
+                                "twice", "give each server of an agent its own name",
+                                field=f"{where}.name")  # fmt: skip
+        seen.add(config.name)
+        if (config.command is None) == (config.url is None):
+            raise ManifestError(
+                f"agent {manifest.id!r}: MCP server {config.name!r} needs exactly one of "
+                "`command` (a stdio server) and `url` (streamable HTTP)",
+                "give `command:` (with `args:`) to run it, or `url:` to reach it", field=where,
+            )  # fmt: skip
+        transport: Stdio | Http
+        if config.command is not None:
+            if config.headers:
+                raise ManifestError(f"agent {manifest.id!r}: `headers` are for an HTTP server",
+                                    "use `env:` to hand a stdio server its secrets",
+                                    field=f"{where}.headers")  # fmt: skip
+            transport = Stdio(
+                command=config.command, args=tuple(config.args), cwd=config.cwd,
+                env=tuple((k, _expand(v, env, manifest.id, f"{where}.env.{k}"))
+                          for k, v in sorted(config.env.items())),
+            )  # fmt: skip
+        else:
+            url = config.url or ""
+            if not url.startswith(("http://", "https://")) or config.env or config.args:
+                raise ManifestError(
+                    f"agent {manifest.id!r}: MCP server {config.name!r}: `url` must be http(s) "
+                    "and takes no `env`/`args`", "e.g. url: https://mcp.example.com/mcp",
+                    field=f"{where}.url",
+                )  # fmt: skip
+            transport = Http(url=url, headers=tuple(
+                (k, _expand(v, env, manifest.id, f"{where}.headers.{k}"))
+                for k, v in sorted(config.headers.items())
+            ))  # fmt: skip
+        allowed = None if config.tools is None else frozenset(config.tools)
+        stray = sorted(set(config.policy) - allowed) if allowed is not None else []
+        if stray:
+            raise ManifestError(f"agent {manifest.id!r}: a policy for {', '.join(stray)}, which "
+                                f"`tools` of {config.name!r} does not allow",
+                                "add them to `tools`, or drop their policy",
+                                field=f"{where}.policy")  # fmt: skip
+        specs.append(ServerSpec(name=config.name, transport=transport, tools=allowed,
+                                policy=dict(config.policy), timeout_s=config.timeout_s,
+                                untrusted_output=config.untrusted_output))  # fmt: skip
+    return specs
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(value: str, env: Mapping[str, str], agent: str, field: str) -> str:
+    def read(found: re.Match[str]) -> str:
+        name = found.group(1)
+        if name not in env:
+            raise ManifestError(f"agent {agent!r}: {field} reads ${{{name}}}, which is not set",
+                                f"set {name} in the node's environment", field=field)  # fmt: skip
+        return env[name]
+
+    return _VAR.sub(read, value)
 
 
 def check_schedules(manifest: Manifest, channels: Mapping[str, Channel]) -> None:

@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 import functools
 import gc
+import os
 import signal
 import socket
 import time
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import nats
@@ -45,6 +46,7 @@ from eventstore.catalogue import DeliveryEnqueued
 from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from gateways import create_app
+from gateways.http import VERSION
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
 from gateways.protocol import Limits, http_protocol
@@ -56,7 +58,15 @@ from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
 
+if TYPE_CHECKING:
+    from gateways.mcp.client import Connection, Hub, McpTools
+
 log = structlog.get_logger("dispach.node")
+
+
+MCP_START_SECONDS = 10.0
+"""How long a node's start waits for each MCP server to list its tools; a slower one's tools
+join its agents when it is up."""
 
 
 class Node:
@@ -71,6 +81,13 @@ class Node:
         self._hints_nc: nats.aio.client.Client | None = None
         self._portal: Portal | None = None
         self.agents: dict[str, Agent] = {}
+        self._manifests: dict[str, manifest.Manifest] = {}
+        self._env: dict[str, str] = {}
+        self.mcp: Hub | None = None
+        """The sessions with the MCP servers the manifests declare (None: they declare none,
+        and the SDK is not even imported)."""
+        self._mcp: dict[str, list[McpTools]] = {}
+        """The MCP servers each agent declares, as tool sources over the hub's connections."""
         self.engine: Engine | None = None
         self.feed: Feed | None = None
         self._details: dict[str, AgentDetail] = {}
@@ -89,7 +106,19 @@ class Node:
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
     def agent_details(self) -> dict[str, AgentDetail]:
-        return self._details
+        if not any(self._mcp.values()):
+            return self._details
+        found = dict(self._details)
+        for agent_id, sources in self._mcp.items():
+            down = [f"MCP server {s.name!r} is {s.connection.state}"
+                    + (f": {s.connection.error}" if s.connection.error else "")
+                    for s in sources if s.connection.state != "up"]  # fmt: skip
+            if down and agent_id in found:
+                detail = found[agent_id]
+                found[agent_id] = msgspec.structs.replace(
+                    detail, warnings=[*detail.warnings, *down]
+                )
+        return found
 
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:
         agent = self.agents.get(agent_id)
@@ -165,8 +194,7 @@ class Node:
         self._tasks.append(asyncio.create_task(feed.run(), name="feed"))
         await feed.ready()
         self.feed = feed
-        self.agents = await asyncio.to_thread(manifest.load_all, self.settings.agents_path)
-        self._details = {a.id: agent_detail(a) for a in self.agents.values()}
+        await self._load_agents()
         self.engine = Engine(
             store, self.agents, self._portal, self.actors, self.node_id,
             idle_seconds=self.settings.session_idle_seconds,
@@ -236,6 +264,38 @@ class Node:
             startup_ms=self.uptime_ms(),
         )
 
+    async def _load_agents(self) -> None:
+        """Read the manifests, start the MCP servers they declare (waiting a bounded time for
+        each to list its tools), then build the agents: before any turn is resumed, so a
+        resumed turn finds the tools it was using."""
+        self._env = dict(os.environ)
+        self._manifests = await asyncio.to_thread(manifest.load_manifests,
+                                                  self.settings.agents_path)  # fmt: skip
+        declared = {a: manifest.mcp_servers(m, self._env) for a, m in self._manifests.items()}
+        if any(declared.values()):
+            from gateways.mcp.client import Hub
+
+            hub = Hub(client_version=VERSION, on_change=self._mcp_changed)
+            self._mcp = {a: [hub.source(spec) for spec in specs] for a, specs in declared.items()}
+            self.mcp = hub
+            await hub.start(MCP_START_SECONDS)
+        self.agents = await asyncio.to_thread(lambda: {
+            agent_id: manifest.build(m, self._env, self._mcp.get(agent_id, ()))
+            for agent_id, m in self._manifests.items()
+        })  # fmt: skip
+        self._details = {a.id: agent_detail(a) for a in self.agents.values()}
+
+    def _mcp_changed(self, connection: Connection) -> None:
+        """An MCP server listed other tools (it came up, came back, or said they changed):
+        the agents that use it get a new tool list, for their next turn."""
+        for agent_id, sources in self._mcp.items():
+            agent = self.agents.get(agent_id)
+            if agent is None or not any(s.connection is connection for s in sources):
+                continue  # not built yet (its first build reads the listing), or not a user
+            rebuilt = manifest.with_tools(agent, self._manifests[agent_id], self._env, sources)
+            self.agents[agent_id] = rebuilt
+            self._details[agent_id] = agent_detail(rebuilt)
+
     async def _nats_disconnected(self) -> None:
         if self._phase != "draining":  # our own drain disconnects on purpose
             log.warning("nats_disconnected")
@@ -285,6 +345,8 @@ class Node:
             await agent.model.aclose()
             for channel in agent.channels.values():
                 await channel.aclose()
+        if self.mcp is not None:
+            await self.mcp.aclose(timeout)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -439,7 +501,7 @@ def agent_detail(agent: Agent) -> AgentDetail:
             summary=(spec.description or "").split("\n", 1)[0],
             mutating=spec.mutating,
             trust="untrusted" if spec.untrusted_output else "trusted",
-            provider="local",
+            provider=f"mcp:{spec.mcp_server}" if spec.mcp_server else "local",
             policy=spec.policy,
             timeout_s=agent.limits.tool_timeout_s if spec.timeout_s is None else spec.timeout_s,
         )

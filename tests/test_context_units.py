@@ -29,6 +29,7 @@ from actors.context.assemble import (
 from actors.context.compact import Digester, Prepared, digest_of, mechanical, prepare
 from actors.context.history import (
     BYTES_PER_TOKEN,
+    IMAGE_TOKENS,
     Digest,
     Entry,
     History,
@@ -338,13 +339,24 @@ def test_an_excerpt_keeps_a_head_and_a_tail_and_points_at_the_whole() -> None:
     assert item.content["content"] == body  # the entry itself is never changed
 
 
-def test_an_excerpt_of_a_short_result_is_the_result_and_blocks_are_json() -> None:
+def test_an_excerpt_of_a_short_result_is_the_result_and_blocks_are_read_as_text() -> None:
     short = result("t1", 0, "c1", "x" * 100)
     assert marked(short, "excerpt", keep_tokens=300) == short.content
-    blocks = [{"type": "text", "text": "y" * 3000}]
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "Q" * 40_000}}  # fmt: skip
+    blocks = [{"type": "text", "text": "y" * 3000}, image]
     shown = marked(result("t1", 0, "c2", blocks), "excerpt", keep_tokens=100)
-    assert shown["content"].startswith('[{"type":"text","text":"yyy')
+    assert shown["content"].startswith("yyy")
+    assert shown["content"].endswith("[image block]")  # an image's data is never cut into text
+    assert "Q" not in shown["content"]
     assert 'artifact_read("c2")' in shown["content"]
+
+
+def test_an_image_in_a_tool_result_counts_as_an_image_not_as_its_base64() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "Q" * 400_000}}  # fmt: skip
+    with_image = result("t1", 0, "c3", [{"type": "text", "text": "a chart"}, image])
+    assert IMAGE_TOKENS <= with_image.tokens < IMAGE_TOKENS + 100
 
 
 def test_dedupe_and_stub_replace_the_body_with_a_pointer() -> None:

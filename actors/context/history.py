@@ -67,7 +67,23 @@ def entry(turn_id: str, start: int, role: str, content: Any) -> Entry:
     role = role if role in ("user", "assistant") else "tool"
     raw = _ENCODE(wire(content))
     obs_id = content.get("tool_use_id") if role == "tool" else None
-    return Entry(turn_id, start, role, raw, json_tokens(raw), obs_id)  # type: ignore[arg-type]
+    tokens = json_tokens(raw)
+    if role == "tool" and isinstance(content.get("content"), list):
+        tokens = _with_images(content["content"], tokens)
+    return Entry(turn_id, start, role, raw, tokens, obs_id)  # type: ignore[arg-type]
+
+
+IMAGE_TOKENS = 1600
+"""What an image in a tool result costs the model, about (Anthropic: width x height / 750,
+and it scales a large one down to about 1.15 megapixels), instead of its base64 read as text."""
+
+
+def _with_images(blocks: list[Any], tokens: int) -> int:
+    for block in blocks:
+        if isinstance(block, dict) and block.get("type") == "image":
+            data = str((block.get("source") or {}).get("data", ""))
+            tokens += IMAGE_TOKENS - len(data) // BYTES_PER_TOKEN
+    return max(1, tokens)
 
 
 def slim(item: Entry) -> Entry:
@@ -173,7 +189,7 @@ def marked(entry: Entry, mark: Mark | None, keep_tokens: int) -> Any:
     if mark is None or entry.role != "tool":
         return content
     body = content.get("content")
-    text = body if isinstance(body, str) else _ENCODE(body).decode()
+    text = readable(body)
     ref = f'artifact_read("{content["tool_use_id"]}")'
     match mark:
         case "excerpt":
@@ -191,6 +207,21 @@ def marked(entry: Entry, mark: Mark | None, keep_tokens: int) -> Any:
             shown = (f"[compacted tool result of {entry.tokens} tokens; read it in full with "
                      f"{ref}]")  # fmt: skip
     return {**content, "content": shown}
+
+
+def readable(body: Any) -> str:
+    """A tool result's content as the text an excerpt, a stub or a digest keeps: a string as
+    it is; of content blocks, the text of each, and a note for the others (an image's data is
+    not text)."""
+    if isinstance(body, str):
+        return body
+    if not isinstance(body, list):
+        return _ENCODE(body).decode()
+    return "\n".join(
+        str(b.get("text", "")) if b.get("type") == "text" else f"[{b.get('type')} block]"
+        for b in body
+        if isinstance(b, dict)
+    )
 
 
 def marked_raw(entry: Entry, mark: Mark | None, keep_tokens: int) -> bytes:

@@ -12,7 +12,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from actors.context.history import Entry, History, Mark, View, estimate, marked, text_tokens
+from actors.context.history import (
+    Entry,
+    History,
+    Mark,
+    View,
+    estimate,
+    marked,
+    readable,
+    text_tokens,
+)
 from actors.context.policy import FLOOR_MARGIN, ContextPolicy
 from actors.tools import args_hash
 
@@ -164,8 +173,7 @@ def render(entries: Sequence[Entry], limit: int = 60_000) -> str:
         if item.role == "user":
             lines.append(f"Person: {content.get('text', '')}")
         elif item.role == "tool":
-            body = content.get("content")
-            text = body if isinstance(body, str) else str(body)
+            text = readable(content.get("content"))
             short = text if len(text) <= 600 else f"{text[:400]} [...] {text[-150:]}"
             lines.append(f"Tool result {content.get('tool_use_id')}: {short}")
         else:

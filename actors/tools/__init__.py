@@ -4,24 +4,36 @@ built-in tools and the loading of operator-written ones."""
 
 from actors.tools.builtins import BUILTINS, calculator, current_time, session_notes
 from actors.tools.custom import load_custom
-from actors.tools.errors import DuplicateTool, InvalidToolSchema, ToolError, ToolLoadError
+from actors.tools.errors import (
+    DuplicateTool,
+    InvalidToolSchema,
+    ToolCallFailed,
+    ToolError,
+    ToolLoadError,
+)
 from actors.tools.execute import execute, execute_calls, truncate
 from actors.tools.notes import Notes, StoreNotes
 from actors.tools.registry import ToolRegistry, args_hash
-from actors.tools.spec import ToolContext, ToolOutcome, ToolRun, ToolSpec
+from actors.tools.source import SourceKind, StaticSource, ToolSource
+from actors.tools.spec import ToolContext, ToolOutcome, ToolOutput, ToolRun, ToolSpec
 
 __all__ = [
     "BUILTINS",
     "DuplicateTool",
     "InvalidToolSchema",
     "Notes",
+    "SourceKind",
+    "StaticSource",
     "StoreNotes",
+    "ToolCallFailed",
     "ToolContext",
     "ToolError",
     "ToolLoadError",
     "ToolOutcome",
+    "ToolOutput",
     "ToolRegistry",
     "ToolRun",
+    "ToolSource",
     "ToolSpec",
     "args_hash",
     "calculator",

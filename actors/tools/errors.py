@@ -39,3 +39,13 @@ class InvalidToolSchema(ToolError):
 
 class ToolLoadError(ToolError):
     code = "tool_load_failed"
+
+
+class ToolCallFailed(Exception):
+    """Raised by a tool's ``run`` to fail with a code of its own (``tool_unavailable`` when the
+    process behind it is down) rather than the generic ``tool_failed``; the message is what the
+    model reads, so it should say what to do (the hint) as well as what went wrong."""
+
+    def __init__(self, message: str, code: str = "tool_failed") -> None:
+        super().__init__(message)
+        self.code = code

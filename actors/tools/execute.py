@@ -11,7 +11,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from actors.tools.spec import ToolContext, ToolOutcome, ToolSpec
+import msgspec
+
+from actors.tools.errors import ToolCallFailed
+from actors.tools.spec import ToolContext, ToolOutcome, ToolOutput, ToolSpec
+
+MAX_IMAGE_CHARS = 5_000_000
+"""The base64 of one image a result may carry to the model (Anthropic takes 5 MB an image);
+a larger one is left out with a note, like everything over a limit."""
+MAX_IMAGES = 8
 
 Call = tuple[ToolSpec, dict[str, Any], ToolContext]
 
@@ -41,8 +49,12 @@ async def execute(
             return _outcome(False, _describe(e), started, max_output_chars, "tool_failed")
         message = f"the tool did not finish within {timeout_s:g} s"
         return _outcome(False, message, started, max_output_chars, "tool_timeout")
+    except ToolCallFailed as e:  # the tool chose its code and its words
+        return _outcome(False, str(e), started, max_output_chars, e.code)
     except Exception as e:  # noqa: BLE001 - whatever a tool raises, the model reads it as output
         return _outcome(False, _describe(e), started, max_output_chars, "tool_failed")
+    if isinstance(result, ToolOutput):
+        return _output(result, started, max_output_chars)
     if not isinstance(result, str):
         message = f"the tool returned {type(result).__name__}, not the str a tool must return"
         return _outcome(False, message, started, max_output_chars, "tool_failed")
@@ -175,6 +187,30 @@ def _outcome(
         latency_ms=latency_ms,
         error_code=error_code,
     )
+
+
+def _output(result: ToolOutput, started: float, limit: int) -> ToolOutcome:
+    """A :class:`ToolOutput` as an outcome: its text cut to ``limit`` like any output, its
+    images kept while they fit (:data:`MAX_IMAGES`, :data:`MAX_IMAGE_CHARS`), a note for each
+    left out; content blocks only when an image remains."""
+    outcome = _outcome(not result.error, result.text, started, limit,
+                       "tool_error" if result.error else None)  # fmt: skip
+    images: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for block in result.blocks:
+        if block.get("type") != "image":
+            continue
+        size = len(str((block.get("source") or {}).get("data", "")))
+        if size > MAX_IMAGE_CHARS or len(images) == MAX_IMAGES:
+            notes.append(f"[an image of {size} base64 characters was left out: over the limit "
+                         f"of {MAX_IMAGES} images of {MAX_IMAGE_CHARS} characters]")  # fmt: skip
+        else:
+            images.append(block)
+    if not images and not notes:
+        return outcome
+    text = "\n".join([outcome.output, *notes]) if notes else outcome.output
+    content = [{"type": "text", "text": text}, *images] if images else None
+    return msgspec.structs.replace(outcome, output=text, content=content)
 
 
 def truncate(text: str, limit: int) -> tuple[str, bool]:

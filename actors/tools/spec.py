@@ -42,9 +42,25 @@ class Artifacts(Protocol):
         ...
 
 
-ToolRun = Callable[[dict[str, Any], ToolContext], str | Awaitable[str]]
-"""A tool's body: validated arguments in, the text the model reads out. A plain function runs in a
-worker thread; a coroutine function runs on the event loop and must not block it."""
+@dataclass(frozen=True)
+class ToolOutput:
+    """What a tool returns when plain text is not enough: content blocks beside the text (an
+    image), or a failure the tool itself reports (MCP's ``isError``), which the model reads as a
+    tool error, not as a crash."""
+
+    text: str
+    """What the model reads: the tool's text, with a note in place of each block it cannot
+    read as text."""
+    blocks: tuple[dict[str, Any], ...] = ()
+    """Anthropic content blocks the model takes beside ``text`` (``image``); empty: the text
+    alone."""
+    error: bool = False
+
+
+ToolRun = Callable[[dict[str, Any], ToolContext], str | ToolOutput | Awaitable[str | ToolOutput]]
+"""A tool's body: validated arguments in, the text the model reads out (or a
+:class:`ToolOutput`). A plain function runs in a worker thread; a coroutine function runs on the
+event loop and must not block it."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,9 @@ class ToolSpec:
     policy: Literal["allow", "deny", "ask"] = "allow"
     """``deny``: never run (the model is told it was refused); ``ask``: each call waits for a
     person's approval."""
+    mcp_server: str | None = None
+    """The MCP server that runs it (its events say ``source: "mcp"``); None: a tool of this
+    process."""
 
 
 class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,5 +93,8 @@ class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """UTF-8 size of the whole output, before it was cut."""
     latency_ms: int
     error_code: str | None = None
-    """Why ``ok`` is false: ``tool_timeout`` or ``tool_failed`` from :func:`execute`, or
+    """Why ``ok`` is false: ``tool_timeout``, ``tool_failed``, ``tool_error`` (the tool said it
+    failed) or a code the tool raised (``tool_unavailable``) from :func:`execute`, or
     ``tool_cancelled`` when the turn engine records a call its stopping turn cut short."""
+    content: list[dict[str, Any]] | None = None
+    """The result as content blocks (text and images) when it is not text alone."""

@@ -129,7 +129,7 @@ def apply(
             block = {
                 "type": "tool_result",
                 "tool_use_id": result.call_id,
-                "content": result.output or "",
+                "content": result.content or result.output or "",
                 "is_error": not result.ok and not result.refused,
             }
             messages = list(state.transcript)

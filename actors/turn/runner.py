@@ -507,7 +507,8 @@ class TurnRunner:
         if step.start:
             announce = [
                 ToolCall(slug=spec.name, call_id=block["id"], mutating=spec.mutating,
-                         args_hash=args_hash(block.get("input") or {}), args=block.get("input"))
+                         args_hash=args_hash(block.get("input") or {}), args=block.get("input"),
+                         source="mcp" if spec.mcp_server else None, mcp_server=spec.mcp_server)
                 for block, spec in step.start
             ]  # fmt: skip
             if any(spec.mutating for _, spec in step.start):
@@ -540,7 +541,9 @@ class TurnRunner:
             self._stage([
                 ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
                            bytes=o.bytes, truncated=o.truncated, output=o.output,
-                           trust="untrusted" if spec.untrusted_output else "trusted")
+                           trust="untrusted" if spec.untrusted_output else "trusted",
+                           error_code=o.error_code, content=o.content,
+                           source="mcp" if spec.mcp_server else None, mcp_server=spec.mcp_server)
                 for (spec, _, call_id), o in zip(calls, outcomes, strict=True)
             ])  # fmt: skip
         return None
