@@ -61,6 +61,7 @@ class OpenCall(msgspec.Struct, frozen=True):
     slug: str
     mutating: bool
     args: dict[str, Any]
+    mcp_server: str | None = None
 
 
 class TurnState(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,7 +124,8 @@ def apply(
             untrusted = isinstance(data, ToolResult) and data.trust == "untrusted"
             return replace(state, tainted=state.tainted or untrusted)
         case ToolCall() as call:
-            opened = OpenCall(call.call_id, call.slug, call.mutating, dict(call.args or {}))
+            opened = OpenCall(call.call_id, call.slug, call.mutating, dict(call.args or {}),
+                              call.mcp_server)  # fmt: skip
             return replace(state, open_calls=(*state.open_calls, opened))
         case ToolResult() as result:
             block = {

@@ -125,5 +125,10 @@ def not_run(block: dict[str, Any], why: str) -> ToolResult:
 
 
 def closed(call: OpenCall, why: str, *, uncertain: bool = False) -> ToolResult:
+    """The result of a call left open: ``uncertain`` (a crash cut it short: it may have run),
+    else cancelled (its turn stopped)."""
     return ToolResult(slug=call.slug, call_id=call.call_id, ok=False, latency_ms=0,
-                      bytes=len(why.encode()), uncertain=uncertain, output=why)  # fmt: skip
+                      bytes=len(why.encode()), uncertain=uncertain, output=why,
+                      error_code=None if uncertain else "tool_cancelled",
+                      source="mcp" if call.mcp_server else None,
+                      mcp_server=call.mcp_server)  # fmt: skip

@@ -36,14 +36,15 @@ import msgspec
 import structlog
 from jsonschema.exceptions import SchemaError
 from mcp.client import Client
-from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from actors.tools import SourceKind, ToolCallFailed, ToolContext, ToolOutput, ToolSpec
 from gateways.mcp.spec import Http, ServerSpec, Stdio
+from gateways.mcp.stdio import stdio_transport
 from gateways.metrics import MCP_CALLS, MCP_SERVER_FAILURES, MCP_SERVER_TOOLS, MCP_SERVER_UP
 
 log = structlog.get_logger("dispach.mcp")
@@ -60,6 +61,8 @@ HEALTH_S = 15.0
 """How often an idle session is pinged (a server that died between calls is noticed)."""
 BACKOFF_S = (0.25, 30.0)
 """The first and the longest wait before a server is started again."""
+LISTEN_AGAIN_S = 1.0
+"""The wait before a lost ``subscriptions/listen`` stream is opened again."""
 HEALTHY_S = 30.0
 """A session that lasted this long resets the backoff."""
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -145,6 +148,8 @@ class Connection:
         self._version = client_version
         self._on_change = on_change
         self._client: Client | None = None
+        self._calls = 0
+        """Calls waiting for the server now."""
         self._lost = asyncio.Event()
         self._stale = asyncio.Event()
         """The server said its tools changed: list them again."""
@@ -207,6 +212,7 @@ class Connection:
             client = self._client
             if client is None or self.state != "up":
                 raise self._unavailable()
+            self._calls += 1
             try:
                 result = await client.call_tool(tool, args)
             except asyncio.CancelledError:
@@ -228,6 +234,8 @@ class Connection:
             except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as e:
                 self._lose(f"the connection broke during a call: {_describe(e)}")
                 raise self._unavailable() from e
+            finally:
+                self._calls -= 1
             MCP_CALLS.labels(server=self.name, outcome="error" if result.is_error else "ok").inc()
             return result
         raise self._unavailable()
@@ -306,12 +314,7 @@ class Connection:
     def _target(self) -> Any:
         transport = self.transport
         if isinstance(transport, Stdio):
-            return StdioServerParameters(
-                command=transport.command,
-                args=list(transport.args),
-                env=dict(transport.env) or None,
-                cwd=transport.cwd,
-            )
+            return stdio_transport(transport)
         return _http(transport.url, dict(transport.headers))
 
     async def _list(self, client: Client) -> None:
@@ -351,13 +354,23 @@ class Connection:
             await self._relist(client)
 
     async def _listen(self, client: Client) -> None:
-        """On 2026-07-28 sessions, changes arrive on a subscription the client opens."""
-        try:
-            async with client.listen(tools_list_changed=True) as events:
-                async for _ in events:
-                    self._stale.set()
-        except Exception as e:  # noqa: BLE001 - a server without the feature still serves tools
-            log.debug("mcp_listen_ended", server=self.name, error=_describe(e))
+        """On 2026-07-28 sessions, changes arrive on a subscription the client opens. A lost
+        one (an HTTP server restarted: its requests are stateless, its subscriptions are not)
+        is opened again and the list read again, since changes made meanwhile were missed."""
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as events:
+                    async for _ in events:
+                        self._stale.set()
+            except SubscriptionLost as e:
+                log.info("mcp_listen_lost", server=self.name, error=_describe(e))
+            except Exception as e:  # noqa: BLE001 - a server without the feature still serves tools
+                log.info("mcp_listen_refused", server=self.name, error=_describe(e))
+                return
+            else:
+                return  # the server closed it on purpose
+            await anyio.sleep(LISTEN_AGAIN_S)
+            self._stale.set()
 
     async def _relist(self, client: Client) -> None:
         try:
@@ -366,16 +379,25 @@ class Connection:
             log.warning("mcp_list_failed", server=self.name, error=_describe(e))
 
     async def _watch(self, client: Client) -> None:
-        """Ping an idle session now and then: a server that died is noticed before the next
-        call needs it."""
+        """Ask an idle session now and then whether the server is there (``ping`` before
+        2026-07-28, which has none; ``server/discover`` from then): one that died is noticed
+        before the next call needs it. Not while calls run: a long one (a large result being
+        read) is no sign of a dead server, and its failure would say so anyway."""
+        modern = client.protocol_version in MODERN_PROTOCOL_VERSIONS
         while True:
             await anyio.sleep(HEALTH_S)
+            if self._calls:
+                continue
             try:
                 with anyio.fail_after(LIST_TIMEOUT_S):
-                    await client.send_ping()
-            except Exception as e:  # noqa: BLE001 - any failure of a ping loses the session
-                self._lose(f"it did not answer a ping: {_describe(e)}")
-                return
+                    if modern:
+                        await client.session.send_discover(client.protocol_version)
+                    else:
+                        await client.send_ping()
+            except Exception as e:  # noqa: BLE001 - any failure of the check loses the session
+                if not self._calls:
+                    self._lose(f"it did not answer a health check: {_describe(e)}")
+                    return
 
     def _lose(self, why: str) -> None:
         if self.state == "up":

@@ -1,0 +1,173 @@
+"""Kill -9 of a ``dispach serve`` node while two tools of an MCP server run, then a restart: the
+turn resumes from its log and ends once; the destructive tool (``destructiveHint``) is reported
+uncertain and never sent again, the read-only one (``readOnlyHint``) is simply run again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import nats
+import pytest
+
+from actors.messages import Accepted
+from eventstore import EventStore, streams, subjects
+from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
+from gateways.ingress import IngressMessage, request
+from tests import fakes
+from tests.conftest import ROOT, Servers
+from tests.fakes import FakeAnthropic, Reply, ToolUse
+from tests.test_node import free_port
+
+fake_anthropic = fakes.fake_anthropic
+DISPACH = str(Path(sys.executable).parent / "dispach")
+pytestmark = pytest.mark.slow
+
+MANIFEST = """
+id: crashy
+model:
+  provider: anthropic
+  id: claude-sonnet-5
+  base_url: {url}
+  api_key_env: DISPACH_TEST_ANTHROPIC_KEY
+mcp_servers:
+  - name: kit
+    command: {python}
+    args: ["-m", "tests.mcp_servers.kit", "--record", "{record}"]
+    cwd: {root}
+"""
+
+
+def serve(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen([DISPACH, "serve"], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+def end_kits(record: Path) -> None:
+    """Kill the kit processes this test's nodes started (by the pids they recorded) that
+    outlived their node."""
+    for pid in lines(record / "pids.log"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.mark.asyncio
+async def test_kill_9_during_two_mcp_calls_then_restart(
+    servers: Servers, schema: str, tmp_path: Path, fake_anthropic: FakeAnthropic
+) -> None:
+    record = tmp_path / "kit"
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "crashy.yaml").write_text(MANIFEST.format(
+        url=fake_anthropic.url, python=sys.executable, record=record, root=ROOT
+    ))  # fmt: skip
+    fake_anthropic.script(
+        Reply(tool_uses=[
+            ToolUse("kit__write", {"path": "report.txt", "seconds": 30}, id="toolu_w"),
+            ToolUse("kit__read", {"seconds": 8}, id="toolu_r"),
+        ]),
+        Reply(text="finished after the crash"),
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")} | {
+        "DATABASE_URL": servers.database_url,
+        "NATS_URL": servers.nats_url,
+        "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
+        "DISPACH_HOME": str(tmp_path / "home"),
+        "DISPACH_AGENTS": str(agents),
+        "DISPACH_PORT": str(free_port()),
+        "DISPACH_TEST_ANTHROPIC_KEY": "test",
+        "DISPACH_LOG_FORMAT": "json",
+        "PYTHONPATH": str(ROOT),
+    }
+    log = tmp_path / "serve.log"
+    subjects.use(schema)  # this test's deployment, as its node names it (DISPACH_CLUSTER)
+    first = serve(env, log)
+    nc = await nats.connect(servers.nats_url)
+    store = EventStore(servers.database_url, schema=schema)
+    try:
+        accepted = None
+        for _ in range(200):  # until the node serves sessions
+            result = await request(nc, "crashy", IngressMessage(text="write and read"), timeout=2)
+            if isinstance(result, Accepted):
+                accepted = result
+                break
+            assert result.code in ("no_node", "agent_not_found", "accept_timeout"), result
+            await asyncio.sleep(0.1)
+        assert accepted is not None, log.read_text()
+
+        async def both_started() -> bool:
+            return len(lines(record / "write.log")) == 1 and len(lines(record / "read.log")) == 1
+
+        await wait_for(both_started, 30, "both tools to start")
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait, 10)
+        (first_kit,) = lines(record / "pids.log")
+
+        second = serve(env, log)
+        try:
+            await store.aopen()
+            stream = streams.turn(accepted.turn_id)
+
+            async def ended() -> bool:
+                return any(isinstance(e.data, TurnEnd) for e in await store.aread_stream(stream))
+
+            await wait_for(ended, 60, "the resumed turn to end")
+            events = await store.aread_stream(stream)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(second.wait, 30) == 0, log.read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+        await nc.close()
+        await store.aclose()
+        end_kits(record)
+
+    kits = lines(record / "pids.log")
+    assert len(kits) == 2 and kits[0] == first_kit, kits  # the second node started its own
+    ends = [e.data for e in events if isinstance(e.data, TurnEnd)]
+    assert len(ends) == 1
+    assert ends[0].reason == "final" and ends[0].text == "finished after the crash"
+    attempts = [e.data.attempt for e in events if isinstance(e.data, TurnAttempt)]
+    assert attempts == [1, 2]
+    found = {e.data.call_id: e.data for e in events if isinstance(e.data, ToolResult)}
+    assert set(found) == {"toolu_w", "toolu_r"}, found
+
+    assert len(lines(record / "write.log")) == 1, "a destructive MCP tool must not run twice"
+    wrote = found["toolu_w"]
+    assert wrote.uncertain and not wrote.ok, wrote
+    assert (wrote.source, wrote.mcp_server) == ("mcp", "kit")  # the log still says where it ran
+
+    assert len(lines(record / "read.log")) == 2, "a read-only MCP tool is simply run again"
+    assert lines(record / "read.log")[1] == kits[1]  # by the restarted server
+    read = found["toolu_r"]
+    assert read.ok and read.output == "read", read
+    assert read.source == "mcp" and read.mcp_server == "kit"
+
+    sent = fake_anthropic.message_requests()[-1].body["messages"][-1]["content"]
+    by_id = {b["tool_use_id"]: b for b in sent if b["type"] == "tool_result"}
+    assert "uncertain" in str(by_id["toolu_w"]["content"])
+    assert str(by_id["toolu_r"]["content"]) == "read"
+    # The result the resumed turn writes for the call it will not send again is still the
+    # result of an MCP tool (docs: tool.result gains source and mcpServer for MCP tools).
+    assert (wrote.source, wrote.mcp_server) == ("mcp", "kit"), wrote
