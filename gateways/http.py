@@ -3,6 +3,8 @@ metrics, behind the :class:`gateways.auth.Guard` (DESIGN.md 6)."""
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -13,6 +15,7 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateways import (
     api,
@@ -133,6 +136,8 @@ def create_app(
         Route("/v1/channels/{channel}/webhook/{agent}", hooks.channel_webhook, methods=["POST"]),
         Route("/v1/stream-tokens", sse.create_stream_token, methods=["POST"]),
         WebSocketRoute("/v1/ws", ws.websocket_endpoint),
+        # MCP over streamable HTTP (an ASGI app: every method it takes; gateways/mcp_server.py).
+        Route("/v1/mcp", _McpEndpoint(VERSION, max_body)),
         *console.routes(),
     ]
 
@@ -222,3 +227,19 @@ def _methods(path: str, **endpoints: Endpoint) -> Route:
         return await endpoints[method](request)
 
     return Route(path, dispatch, methods=list(endpoints), name=path)
+
+
+class _McpEndpoint:
+    """``/v1/mcp``, with the MCP SDK imported (on a worker thread) at the first request: it
+    costs a node that never serves MCP about 25 MiB."""
+
+    def __init__(self, version: str, max_body: int) -> None:
+        self.version = version
+        self.max_body = max_body
+        self._app: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._app is None:
+            module = await asyncio.to_thread(importlib.import_module, "gateways.mcp_server")
+            self._app = module.HttpEndpoint(self.version, self.max_body)
+        await self._app(scope, receive, send)

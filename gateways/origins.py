@@ -25,7 +25,10 @@ from gateways.errors import deny, error_response
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 CORS_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
-CORS_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID")
+CORS_HEADERS = ("Authorization", "Content-Type", "Idempotency-Key", "Last-Event-ID",
+                "Mcp-Protocol-Version", "Mcp-Session-Id", "Mcp-Method", "Mcp-Name")  # fmt: skip
+"""What a page of an allowed origin may send: the API's headers, and those of an MCP host in
+a browser talking to /v1/mcp."""
 CORS_EXPOSED = ("Retry-After", "Content-Type")
 
 

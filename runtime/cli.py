@@ -309,6 +309,23 @@ def chat(url: str, agent: str, session: str | None, reasoning: bool) -> None:
                 click.secho(f"{e.code}: {e.message}\n  hint: {e.hint}", fg="red", err=True)
 
 
+@main.command("mcp")
+@_url_option
+def mcp_command(url: str) -> None:
+    """Serve the node's agents to an MCP host on stdin/stdout (tools: list_agents,
+    send_message, get_turn, list_approvals, answer_approval), calling the node at --url
+    (DISPACH_URL) with the first token of DISPACH_API_TOKEN. Only MCP frames go to stdout;
+    logs go to stderr."""
+    import anyio
+
+    from gateways import mcp_server
+    from gateways.http import VERSION
+    from runtime.logs import configure
+
+    configure("auto", "warning")
+    anyio.run(mcp_server.serve_stdio, lambda: _client(url), VERSION)
+
+
 @main.group()
 def turns() -> None:
     """Inspect and stop turns on a running node."""
