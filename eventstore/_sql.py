@@ -49,9 +49,25 @@ def check_schema_name(schema: str) -> str:
     return schema
 
 
+STATEMENT_TIMEOUT = "60s"
+"""No statement of ours runs this long (appends and reads take milliseconds): one that does is
+waiting on something (a lock a rebuild holds, a hung disk) and is cancelled; the writer takes
+that as a broken connection and retries its idempotent append until its deadline."""
+IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+"""Our code never waits inside a transaction; a session of ours that does (a bug, a stuck
+thread) is ended before it holds the log's read horizon, and every stream, back for long."""
+LOCK_TIMEOUT = "30s"
+"""Waiting longer than this for a lock is a stall to report, not to sit out."""
+
+
 def connect_kwargs(schema: str) -> dict[str, Any]:
-    """Connection options shared by every connection of the store."""
+    """Connection options shared by every connection of the store: its schema, its name, and
+    the timeouts that bound how long one of them can wait or stall others (migrations run on a
+    connection of their own without them: an index build on a large log may take longer)."""
     return {
-        "options": f"-c search_path={check_schema_name(schema)}",
+        "options": f"-c search_path={check_schema_name(schema)}"
+        f" -c statement_timeout={STATEMENT_TIMEOUT}"
+        f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_TIMEOUT}"
+        f" -c lock_timeout={LOCK_TIMEOUT}",
         "application_name": "dispach",
     }

@@ -11,6 +11,14 @@ neither adding work per request:
 
 The latest observation wins. The state is one tuple assigned whole, so the writer thread and the
 event loop can both write it and readers see either the old or the new one, never a mix.
+
+The probe's query also finds the oldest transaction of the whole cluster that holds an xid
+(``sql/horizon.sql``). Every reader of the log stops below the oldest running xid (a position
+becomes visible only once nothing older can still commit), so such a transaction, ours or
+anyone's (an idle ``psql`` left in ``BEGIN`` after a write, another database's migration),
+delays every live stream by its age. That age is the ``dispach_postgres_horizon_age_seconds``
+gauge; past :data:`HORIZON_WARN_S` the holder is logged by pid, age, state, database and
+application (never its query), and ``GET /v1/ready`` names it among its warnings.
 """
 
 from __future__ import annotations
@@ -19,17 +27,38 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import structlog
 
-log = structlog.get_logger("dispach.postgres")
+from eventstore._sql import load
+from eventstore.metrics import HORIZON_AGE
 
+log = structlog.get_logger("dispach.postgres")
+_HORIZON = load("horizon").encode()
+
+HORIZON_WARN_S = 10.0
+"""A transaction this old holds the streams back noticeably: logged and shown by /v1/ready."""
 PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 3.0
 """A probe unanswered this long is a hung server; generous, as a busy loop on a loaded machine
 can delay the answer of a healthy one (a stopped server refuses the connection at once)."""
+
+
+class Holder(NamedTuple):
+    """The oldest transaction holding an xid, as the last probe found it."""
+
+    pid: int
+    age_s: float
+    state: str
+    database: str
+    application: str
+
+    def describe(self) -> str:
+        who = f"{self.application} " if self.application else ""
+        return (f"transaction of pid {self.pid} ({who}on {self.database or '?'}, "
+                f"{self.state or 'unknown state'}) open for {self.age_s:.0f} s")  # fmt: skip
 
 
 class PostgresHealth:
@@ -38,10 +67,35 @@ class PostgresHealth:
         self._state: tuple[bool, float, str] = (True, time.monotonic(), "")
         self.outages = 0
         """How many times Postgres went down, as seen here."""
+        self.holder: Holder | None = None
+        """The oldest transaction holding an xid at the last probe (None: none)."""
+        self._reported: int | None = None
 
     @property
     def up(self) -> bool:
         return self._state[0]
+
+    @property
+    def held(self) -> Holder | None:
+        """The transaction holding the streams back past :data:`HORIZON_WARN_S`, if one is."""
+        holder = self.holder
+        return holder if holder is not None and holder.age_s >= HORIZON_WARN_S else None
+
+    def horizon(self, holder: Holder | None) -> None:
+        """Record what the probe found of the horizon; log a holder once, and its release."""
+        self.holder = holder
+        HORIZON_AGE.set(holder.age_s if holder is not None else 0.0)
+        held = self.held
+        if held is not None and held.pid != self._reported:
+            self._reported = held.pid
+            log.warning("postgres_horizon_held", pid=held.pid, age_s=round(held.age_s, 1),
+                        state=held.state, database=held.database,
+                        application=held.application,
+                        hint="live streams wait for this transaction to end; end it (or "
+                             "pg_terminate_backend its pid) if it is a stray one")  # fmt: skip
+        elif held is None and self._reported is not None:
+            log.info("postgres_horizon_released", pid=self._reported)
+            self._reported = None
 
     @property
     def reason(self) -> str:
@@ -110,13 +164,19 @@ class PostgresHealth:
     ) -> psycopg.AsyncConnection[Any]:
         if conn is None or conn.closed:
             conn = await psycopg.AsyncConnection.connect(
-                self._conninfo, autocommit=True, connect_timeout=2, application_name="dispach-probe"
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=2,
+                application_name="dispach-probe",
+                options=f"-c statement_timeout={int(PROBE_TIMEOUT_S * 1000)}",
             )
         try:
-            await conn.execute(b"SELECT 1")
+            cur = await conn.execute(_HORIZON)
+            row = await cur.fetchone()
         except BaseException:
             await _discard(conn)
             raise
+        self.horizon(Holder(*row) if row is not None else None)
         return conn
 
 

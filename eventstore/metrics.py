@@ -6,7 +6,7 @@ per event (the event count is one ``inc(n)`` per batch).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 APPEND_SECONDS = Histogram(
     "dispach_append_seconds",
@@ -33,4 +33,10 @@ FENCE_REFUSALS = Counter(
     "dispach_fence_refusals",
     "Appends refused because their partition's fence is at a newer lease epoch (the partition "
     "moved to another node).",
+)
+
+HORIZON_AGE = Gauge(
+    "dispach_postgres_horizon_age_seconds",
+    "Age of the cluster's oldest transaction holding an xid, as the health probe last saw it "
+    "(0: none): the live streams lag by about this much (eventstore/health.py).",
 )

@@ -83,6 +83,11 @@ class Runtime(Protocol):
 
     def readiness(self) -> tuple[bool, str, dict[str, bool]]: ...
 
+    def warnings(self) -> list[str]:
+        """What a ready node serves less well than it should (a stray transaction holding the
+        live streams back), for ``GET /v1/ready``."""
+        ...
+
     def agent_details(self) -> dict[str, AgentDetail]: ...
 
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:

@@ -73,7 +73,9 @@ def create_app(
     async def ready(request: Request) -> Response:
         ok, phase, checks = rt.readiness()
         if ok:
-            return json_response(Ready(ready=True, phase=phase, checks=checks))
+            return json_response(
+                Ready(ready=True, phase=phase, checks=checks, warnings=rt.warnings())
+            )
         failing = ", ".join(name for name, good in checks.items() if not good) or phase
         return error_response(
             503,

@@ -339,3 +339,6 @@ class Ready(_Body, frozen=True):
     ready: bool
     phase: str
     checks: dict[str, bool]
+    warnings: list[str] = msgspec.field(default_factory=list)
+    """Ready, but serving less well than it should: e.g. a transaction holding the log's read
+    horizon back (live streams wait for it), named by pid and age."""
