@@ -690,8 +690,19 @@ class TurnRunner:
             self._send()
 
     async def _append(self, events: Sequence[Event] = ()) -> None:
-        """Submit (as :meth:`_send`) and wait until everything sent so far is committed."""
+        """Submit (as :meth:`_send`) and wait until everything sent so far is committed.
+
+        Only the last append is waited on: each expects the version the one before it leaves,
+        so it commits only if they all did. Waiting on each in turn cost a callback per append,
+        all in one run of the loop once they were answered (a 2,000-chunk reply: 0.5 s with
+        nothing else served). When the last one failed, the first failure is the one raised."""
         self._send(events)
         in_flight, self._in_flight = self._in_flight, []
-        for future in in_flight:
-            await settled(future)
+        if not in_flight:
+            return
+        try:
+            await settled(in_flight[-1])
+        except Exception:
+            for future in in_flight[:-1]:
+                await settled(future)  # raises the earliest failure, if an earlier one failed
+            raise
