@@ -308,10 +308,12 @@ async def test_private_true_shows_the_api_token_tool_args_and_outputs_and_nothin
     call, result = by_type(revealed, "tool.call"), by_type(revealed, "tool.result")
     assert call["data"]["args"] == {"expression": "6*7"}
     assert "42" in result["data"]["output"]
-    # Only those two fields differ: the rest of what is private stays in the log.
+    # Only the revealable fields differ (a result's content blocks are null here: no images):
+    # the rest of what is private stays in the log.
     for mine, theirs in zip(revealed, public, strict=True):
         extra = set(mine["data"]) - set(theirs["data"])
-        assert extra == {"tool.call": {"args"}, "tool.result": {"output"}}.get(mine["type"], set())
+        revealable = {"tool.call": {"args"}, "tool.result": {"output", "content"}}
+        assert extra == revealable.get(mine["type"], set())
     start = by_type(revealed, "turn.start")["data"]
     assert "idempotencyKey" not in start and "requestHash" not in start
     assert all("content" not in e["data"] for e in revealed if e["type"] == "model.result")

@@ -8,23 +8,18 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import nats
 import pytest
 
-from actors.messages import Accepted
 from eventstore import EventStore, streams, subjects
 from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
-from gateways.ingress import IngressMessage, request
 from tests import fakes
 from tests.conftest import ROOT, Servers
 from tests.fakes import FakeAnthropic, Reply, ToolUse
-from tests.test_node import free_port
+from tests.test_turn_crash import accept_when_serving, serve, serve_env, wait_for
 
 fake_anthropic = fakes.fake_anthropic
 DISPACH = str(Path(sys.executable).parent / "dispach")
@@ -45,21 +40,8 @@ mcp_servers:
 """
 
 
-def serve(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("ab") as out:
-        return subprocess.Popen([DISPACH, "serve"], env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
-
-
-async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def end_kits(record: Path) -> None:
@@ -87,33 +69,14 @@ async def test_kill_9_during_two_mcp_calls_then_restart(
         ]),
         Reply(text="finished after the crash"),
     )  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")} | {
-        "DATABASE_URL": servers.database_url,
-        "NATS_URL": servers.nats_url,
-        "DISPACH_DB_SCHEMA": schema,
-        "DISPACH_CLUSTER": schema,
-        "DISPACH_HOME": str(tmp_path / "home"),
-        "DISPACH_AGENTS": str(agents),
-        "DISPACH_PORT": str(free_port()),
-        "DISPACH_TEST_ANTHROPIC_KEY": "test",
-        "DISPACH_LOG_FORMAT": "json",
-        "PYTHONPATH": str(ROOT),
-    }
+    env = serve_env(servers, schema, tmp_path, agents)
     log = tmp_path / "serve.log"
     subjects.use(schema)  # this test's deployment, as its node names it (DISPACH_CLUSTER)
     first = serve(env, log)
     nc = await nats.connect(servers.nats_url)
     store = EventStore(servers.database_url, schema=schema)
     try:
-        accepted = None
-        for _ in range(200):  # until the node serves sessions
-            result = await request(nc, "crashy", IngressMessage(text="write and read"), timeout=2)
-            if isinstance(result, Accepted):
-                accepted = result
-                break
-            assert result.code in ("no_node", "agent_not_found", "accept_timeout"), result
-            await asyncio.sleep(0.1)
-        assert accepted is not None, log.read_text()
+        accepted = await accept_when_serving(nc, "crashy", "write and read", log)
 
         async def both_started() -> bool:
             return len(lines(record / "write.log")) == 1 and len(lines(record / "read.log")) == 1

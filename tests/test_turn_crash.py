@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -55,6 +56,35 @@ def serve(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([DISPACH, "serve"], env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
+def serve_env(servers: Servers, schema: str, tmp_path: Path, agents: Path) -> dict[str, str]:
+    """The environment of a ``dispach serve`` of this test: its schema and deployment, its
+    home and agents under ``tmp_path``, a free port, the fake Anthropic's test key."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")} | {
+        "DATABASE_URL": servers.database_url,
+        "NATS_URL": servers.nats_url,
+        "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_CLUSTER": schema,
+        "DISPACH_HOME": str(tmp_path / "home"),
+        "DISPACH_AGENTS": str(agents),
+        "DISPACH_PORT": str(free_port()),
+        "DISPACH_TEST_ANTHROPIC_KEY": "test",
+        "DISPACH_LOG_FORMAT": "json",
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+async def accept_when_serving(nc: Any, agent: str, text: str, log: Path) -> Accepted:
+    """Send ``text`` over NATS until the starting node accepts it."""
+    for _ in range(200):
+        result = await request(nc, agent, IngressMessage(text=text), timeout=2)
+        if isinstance(result, Accepted):
+            return result
+        assert result.code in ("no_node", "agent_not_found", "accept_timeout"), result
+        await asyncio.sleep(0.1)
+    served = await asyncio.to_thread(log.read_text)
+    raise AssertionError(f"the node never accepted a message:\n{served}")
+
+
 async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -78,33 +108,14 @@ async def test_kill_9_during_a_tool_call_then_restart(
         Reply(tool_uses=[ToolUse("record", {"path": str(marker), "seconds": 20}, id="toolu_r")]),
         Reply(text="finished after the crash"),
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")} | {
-        "DATABASE_URL": servers.database_url,
-        "NATS_URL": servers.nats_url,
-        "DISPACH_DB_SCHEMA": schema,
-        "DISPACH_CLUSTER": schema,
-        "DISPACH_HOME": str(tmp_path / "home"),
-        "DISPACH_AGENTS": str(agents),
-        "DISPACH_PORT": str(free_port()),
-        "DISPACH_TEST_ANTHROPIC_KEY": "test",
-        "DISPACH_LOG_FORMAT": "json",
-        "PYTHONPATH": str(ROOT),
-    }
+    env = serve_env(servers, schema, tmp_path, agents)
     log = tmp_path / "serve.log"
     subjects.use(schema)  # this test's deployment, as its node names it (DISPACH_CLUSTER)
     first = serve(env, log)
     nc = await nats.connect(servers.nats_url)
     store = EventStore(servers.database_url, schema=schema)
     try:
-        accepted = None
-        for _ in range(200):  # until the node serves sessions
-            result = await request(nc, "crashy", IngressMessage(text="record it"), timeout=2)
-            if isinstance(result, Accepted):
-                accepted = result
-                break
-            assert result.code in ("no_node", "agent_not_found", "accept_timeout"), result
-            await asyncio.sleep(0.1)
-        assert accepted is not None, log.read_text()
+        accepted = await accept_when_serving(nc, "crashy", "record it", log)
 
         async def started() -> bool:
             return marker.read_text().count("ran") == 1

@@ -188,20 +188,6 @@ class Connection:
         self._set("stopped", None)
         log.info("mcp_server_stopped", server=self.name)
 
-    def status(self) -> dict[str, Any]:
-        """What the agent detail shows of this server."""
-        transport = "stdio" if isinstance(self.transport, Stdio) else "http"
-        found: dict[str, Any] = {
-            "name": self.name, "transport": transport, "state": self.state,
-            "since": self.since, "tools": [t.name for t in self.tools],
-            "sessions": self.sessions,
-        }  # fmt: skip
-        if self.error:
-            found["error"] = self.error
-        if self.refused:
-            found["refused"] = dict(self.refused)
-        return found
-
     # --- calls ---------------------------------------------------------------------------------
 
     async def call(self, tool: str, args: dict[str, Any]) -> types.CallToolResult:
