@@ -1,5 +1,5 @@
-"""The MCP server bench/tools.py calls: one read-only ``echo`` tool (the official SDK's
-``MCPServer``), over stdio or streamable HTTP on 127.0.0.1.
+"""The MCP server bench/tools.py calls: read-only ``echo`` and ``blob`` (megabytes of text), on
+the official SDK's ``MCPServer``, over stdio or streamable HTTP on 127.0.0.1.
 
     python bench/_mcp_echo.py stdio
     python bench/_mcp_echo.py http PORT
@@ -19,6 +19,12 @@ server = MCPServer("bench-echo")
 def echo(text: str) -> str:
     """Returns the text it is given."""
     return text
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True), structured_output=False)
+def blob(megabytes: int) -> str:
+    """Returns that many megabytes of text (as text only: no structured copy beside it)."""
+    return "x" * (megabytes * 1_000_000)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,10 @@ output limit, on uvloop, over the ``ToolSpec`` the manifest builder would produc
   - sdk: the SDK's ``Client.call_tool`` alone, on a stdio process of the same server, with none
     of Dispach's code around it: what the protocol and the SDK's two halves cost by themselves.
 
+Then, unless --quick, one large result at a time (``blob``: 5 and 50 MB of text, three calls each,
+the median kept) over stdio, through our transport (gateways/mcp/stdio.py) and through the
+SDK's ``stdio_client``: wall time and the loop's CPU time of the call.
+
 The four are called in turn, one call at a time (round robin, so that the machine's noise falls
 on all of them alike), after a warm-up of 100 calls each. Figures: p50 and p99 of the call, what
 the MCP paths add over the direct call, what ours adds over the SDK alone, and the CPU time of
@@ -23,7 +27,18 @@ process's). Goal (issue 18): <= 1 ms added at p50 over stdio on this machine.
 from __future__ import annotations
 
 # First: it takes this directory off the front of the import path (see its docstring).
-from _report import Goal, free_port, line, ms, pct, perf, print_table, run_loop, section
+from _report import (
+    Goal,
+    free_port,
+    line,
+    ms,
+    pct,
+    perf,
+    print_rows,
+    print_table,
+    run_loop,
+    section,
+)
 
 # isort: split
 import argparse
@@ -120,6 +135,38 @@ async def measure(calls: int, url: str) -> dict[str, list[float]]:
     return samples
 
 
+async def large(sizes: tuple[int, ...]) -> list[tuple[str, int, float, float]]:
+    """(transport, MB, wall s, loop CPU s): the median of three calls of each size."""
+    hub = Hub(client_version="bench")
+    ours = hub.source(ServerSpec(name="stdio", transport=Stdio(command=sys.executable,
+                                                               args=(*ECHO, "stdio"))))  # fmt: skip
+    await hub.start(20)
+    blob = next(s for s in ours.specs() if s.name == "stdio__blob")
+    raw = Client(StdioServerParameters(command=sys.executable, args=[*ECHO, "stdio"]), cache=None)
+    found: list[tuple[str, int, float, float]] = []
+    ctx: Any = None
+    try:
+        async with raw:
+            for size in sizes:
+                for name in ("ours", "sdk"):
+                    runs: list[tuple[float, float]] = []
+                    for _ in range(3):
+                        started, cpu = perf(), time.thread_time()
+                        if name == "ours":
+                            outcome = await execute(blob, {"megabytes": size}, ctx, timeout_s=300,
+                                                    max_output_chars=16_000)  # fmt: skip
+                            assert outcome.ok and outcome.bytes == size * 1_000_000, outcome
+                        else:
+                            await raw.call_tool("blob", {"megabytes": size},
+                                                read_timeout_seconds=300)  # fmt: skip
+                        runs.append((perf() - started, time.thread_time() - cpu))
+                    runs.sort()
+                    found.append((name, size, *runs[1]))
+    finally:
+        await hub.aclose(5)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=2000)
@@ -149,6 +196,13 @@ def main() -> None:
         base = None if kind == "direct" else sum(samples["direct cpu"]) / len(cpu)
         lines.append(line(f"{kind}: loop CPU per call, mean", sum(cpu) / len(cpu), base, ms))
     print_table(lines)
+    if args.quick:
+        return
+    section("one large result over stdio (median of 3): our transport and the SDK's stdio_client")
+    rows = run_loop(large((5, 50)))
+    print_rows(("transport", "result", "wall", "loop CPU"),
+               [(name, f"{size} MB", f"{wall:.2f} s", f"{cpu:.2f} s")
+                for name, size, wall, cpu in rows], {1, 2, 3})  # fmt: skip
 
 
 if __name__ == "__main__":

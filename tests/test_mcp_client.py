@@ -619,7 +619,7 @@ async def test_tool_names_that_clash_are_refused_and_the_node_stays_up(
 
 
 @pytest.mark.asyncio
-@pytest.mark.timeout(240)  # 50 MB through the SDK's stdio reader takes ~20 s of CPU
+@pytest.mark.timeout(240)
 async def test_a_50_mb_result_is_cut_to_the_limit_and_the_node_lives_on(
     api_factory: ApiFactory,
     fake_anthropic: FakeAnthropic,
@@ -648,6 +648,40 @@ async def test_a_50_mb_result_is_cut_to_the_limit_and_the_node_lives_on(
     follow = await send(api.node, AGENT, "a small one")
     events = await wait_end(api.node, follow.turn_id)
     assert results(events)["toolu_small"].output == "small"
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(240)
+async def test_a_result_over_the_transport_s_limit_is_a_clear_error_and_the_server_comes_back(
+    api_factory: ApiFactory,
+    fake_anthropic: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "kit"
+    fake_anthropic.script(
+        Reply(tool_uses=[ToolUse("kit__big", {"megabytes": 70}, id="toolu_huge")]),
+        Reply(text="Too big."),
+        Reply(tool_uses=[ToolUse("kit__echo", {"text": "after"}, id="toolu_after")]),
+        Reply(text="Back."),
+    )
+    servers = stdio_kit(record, extra="\n    timeout_s: 150")
+    api = await start(api_factory, fake_anthropic, monkeypatch, servers)
+    accepted = await send(api.node, AGENT, "a huge one")
+    events = await wait_end(api.node, accepted.turn_id, timeout=180)
+    assert end_of(events).reason == "final"
+    huge = results(events)["toolu_huge"]
+    assert not huge.ok and huge.error_code == "tool_failed", huge
+    assert huge.output is not None and "64 MiB" in huge.output
+    assert "Ask the tool for less" in huge.output
+
+    assert api.node.mcp is not None
+    [kit] = api.node.mcp.connections
+    await until(lambda: kit.state == "up" and kit.sessions == 2, "the kit up again", 30)
+    assert len(lines(record / "pids.log")) == 2
+    follow = await send(api.node, AGENT, "and now?")
+    events = await wait_end(api.node, follow.turn_id)
+    assert results(events)["toolu_after"].output == "after"
 
 
 @pytest.mark.asyncio

@@ -44,7 +44,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from actors.tools import SourceKind, ToolCallFailed, ToolContext, ToolOutput, ToolSpec
 from gateways.mcp.spec import Http, ServerSpec, Stdio
-from gateways.mcp.stdio import stdio_transport
+from gateways.mcp.stdio import MessageTooLarge, stdio_transport
 from gateways.metrics import MCP_CALLS, MCP_SERVER_FAILURES, MCP_SERVER_TOOLS, MCP_SERVER_UP
 
 log = structlog.get_logger("dispach.mcp")
@@ -150,6 +150,8 @@ class Connection:
         self._client: Client | None = None
         self._calls = 0
         """Calls waiting for the server now."""
+        self._too_large: str | None = None
+        """Why the transport is about to end the session: a message over its limit."""
         self._lost = asyncio.Event()
         self._stale = asyncio.Event()
         """The server said its tools changed: list them again."""
@@ -205,6 +207,15 @@ class Connection:
                 MCP_CALLS.labels(server=self.name, outcome="cancelled").inc()
                 raise
             except MCPError as e:
+                if e.code == types.CONNECTION_CLOSED and self._too_large:
+                    why, self._too_large = self._too_large, None
+                    self._lose(why)
+                    MCP_CALLS.labels(server=self.name, outcome="refused").inc()
+                    raise ToolCallFailed(
+                        f"the MCP server {self.name!r} answered with more than this node reads "
+                        f"({why}); its session is opened again. Ask the tool for less (a page, "
+                        "a range, a filter)",
+                    ) from e
                 if e.code == types.CONNECTION_CLOSED:
                     self._lose("the connection closed during a call")
                     raise self._unavailable() from e
@@ -332,6 +343,8 @@ class Connection:
         # handler would wait for a reply only that dispatcher can read.
         if isinstance(message, types.ToolListChangedNotification):
             self._stale.set()
+        elif isinstance(message, MessageTooLarge):
+            self._too_large = str(message)  # the transport ends the session after it
 
     async def _refresh(self, client: Client) -> None:
         while True:

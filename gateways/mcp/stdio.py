@@ -65,9 +65,13 @@ async def stdio_transport(
                 async for line in _lines(TextReceiveStream(process.stdout), max_message):
                     await incoming.send(_message(line))
             except MessageTooLarge as e:
-                await incoming.send(e)
+                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    await incoming.send(e)
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                pass  # the server or our own stop closed the pipe: the session sees the end
+                pass  # the server, or the session's end, closed a side: the session sees it
+        # Nobody reads what it writes now: drop it until the pipe closes, so a server blocked
+        # writing (the rest of a result over the limit) can see its stdin close and exit.
+        await _drain(process)
 
     async def writer() -> None:
         assert process.stdin is not None
@@ -86,8 +90,9 @@ async def stdio_transport(
             yield read, write
         finally:
             with anyio.CancelScope(shield=True):
+                await read.aclose()  # the reader stops forwarding and drains instead
                 await _stop(process)
-                for stream in (read, write, incoming, outgoing):
+                for stream in (write, incoming, outgoing):
                     await stream.aclose()
             group.cancel_scope.cancel()
 
@@ -125,7 +130,8 @@ def _message(line: str) -> SessionMessage | Exception:
 
 
 async def _stop(process: anyio.abc.Process) -> None:
-    """Close stdin and wait; then SIGTERM the process group and wait; then SIGKILL it."""
+    """Close stdin and wait; then SIGTERM the process group and wait; then SIGKILL it (its
+    stdout is drained meanwhile by the reader)."""
     if process.stdin is not None:
         with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
             await process.stdin.aclose()
@@ -137,6 +143,14 @@ async def _stop(process: anyio.abc.Process) -> None:
             await process.wait()
         if process.returncode is not None:
             break
-    if process.stdout is not None:
-        with contextlib.suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await process.stdout.aclose()
+    with anyio.move_on_after(GRACE_S), contextlib.suppress(OSError, anyio.BrokenResourceError):
+        await process.aclose()  # its pipes' transports, released now rather than at collection
+
+
+async def _drain(process: anyio.abc.Process) -> None:
+    if process.stdout is None:
+        return
+    with contextlib.suppress(OSError, anyio.EndOfStream, anyio.BrokenResourceError,
+                             anyio.ClosedResourceError):  # fmt: skip
+        while True:
+            await process.stdout.receive()
