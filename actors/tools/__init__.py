@@ -13,7 +13,7 @@ from actors.tools.errors import (
 )
 from actors.tools.execute import execute, execute_calls, truncate
 from actors.tools.notes import Notes, StoreNotes
-from actors.tools.registry import ToolRegistry, args_hash
+from actors.tools.registry import ToolRegistry, args_hash, schema_problem
 from actors.tools.source import SourceKind, StaticSource, ToolSource
 from actors.tools.spec import ToolContext, ToolOutcome, ToolOutput, ToolRun, ToolSpec
 
@@ -41,6 +41,7 @@ __all__ = [
     "execute",
     "execute_calls",
     "load_custom",
+    "schema_problem",
     "session_notes",
     "truncate",
 ]

@@ -26,13 +26,9 @@ class ToolRegistry:
         for spec in specs:
             if spec.name in self._specs:
                 raise DuplicateTool(spec.name)
-            try:
-                jsonschema.Draft202012Validator.check_schema(spec.input_schema)
-            except SchemaError as e:
-                raise InvalidToolSchema(spec.name, _describe_schema_error(e)) from e
-            if spec.input_schema.get("type") != "object":
-                # The model sends a tool's input as one JSON object (Anthropic refuses others).
-                raise InvalidToolSchema(spec.name, 'the top level must be {"type": "object", ...}')
+            problem = schema_problem(spec.input_schema)
+            if problem is not None:
+                raise InvalidToolSchema(spec.name, problem)
             self._specs[spec.name] = spec
             self._validators[spec.name] = jsonschema.Draft202012Validator(spec.input_schema)
         # Built once, in declaration order: the tool block of every prompt is then byte-identical
@@ -91,6 +87,21 @@ def args_hash(args: object) -> str:
     for byte in _CANONICAL.encode(args):
         value = ((value ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
     return f"{value:08x}"
+
+
+def schema_problem(schema: object) -> str | None:
+    """What makes ``schema`` unfit as a tool's input schema (not a JSON Schema, or not of an
+    object: the model sends a tool's input as one JSON object, and Anthropic refuses others);
+    None if it fits."""
+    if not isinstance(schema, dict):
+        return "it is not a JSON object"
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        return _describe_schema_error(e)
+    if schema.get("type") != "object":
+        return 'the top level must be {"type": "object", ...}'
+    return None
 
 
 def _describe_schema_error(error: SchemaError) -> str:

@@ -30,11 +30,9 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, Literal
 
 import anyio
-import jsonschema
 import mcp_types as types
 import msgspec
 import structlog
-from jsonschema.exceptions import SchemaError
 from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import SubscriptionLost
@@ -42,7 +40,14 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from actors.tools import SourceKind, ToolCallFailed, ToolContext, ToolOutput, ToolSpec
+from actors.tools import (
+    SourceKind,
+    ToolCallFailed,
+    ToolContext,
+    ToolOutput,
+    ToolSpec,
+    schema_problem,
+)
 from gateways.mcp.spec import Http, ServerSpec, Stdio
 from gateways.mcp.stdio import MessageTooLarge, stdio_transport
 from gateways.metrics import MCP_CALLS, MCP_SERVER_FAILURES, MCP_SERVER_TOOLS, MCP_SERVER_UP
@@ -433,7 +438,7 @@ class Hub:
         connection = self._connections.get(key)
         if connection is None:
             connection = Connection(spec.name, spec.transport, client_version=self._version,
-                                    on_change=self._changed)  # fmt: skip
+                                    on_change=self._on_change)  # fmt: skip
             self._connections[key] = connection
         return McpTools(spec, connection)
 
@@ -450,10 +455,6 @@ class Hub:
 
     async def aclose(self, timeout: float) -> None:
         await asyncio.gather(*(c.aclose(timeout) for c in self._connections.values()))
-
-    def _changed(self, connection: Connection) -> None:
-        if self._on_change is not None:
-            self._on_change(connection)
 
 
 # --- what a server offers ----------------------------------------------------------------------
@@ -487,24 +488,12 @@ def admit(server: str, tools: Iterable[types.Tool]) -> tuple[list[types.Tool], d
                                  "name may have"  # fmt: skip
         elif name in taken:
             refused[tool.name] = f"it is named {name!r} here, as {taken[name]!r} already is"
-        elif (problem := _schema_problem(tool.input_schema)) is not None:
+        elif (problem := schema_problem(tool.input_schema)) is not None:
             refused[tool.name] = f"its inputSchema is invalid: {problem}"
         else:
             taken[name] = tool.name
             kept.append(tool)
     return kept, refused
-
-
-def _schema_problem(schema: Any) -> str | None:
-    if not isinstance(schema, dict):
-        return "it is not an object"
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except SchemaError as e:
-        return e.message
-    if schema.get("type") != "object":
-        return 'the top level must be {"type": "object", ...}'
-    return None
 
 
 def _fingerprint(tool: types.Tool) -> bytes:
