@@ -14,12 +14,12 @@ from pathlib import Path
 import nats
 import pytest
 
-from eventstore import EventStore, streams, subjects
+from eventstore import EventStore, subjects
 from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
 from tests import fakes
 from tests.conftest import ROOT, Servers
 from tests.fakes import FakeAnthropic, Reply, ToolUse
-from tests.test_turn_crash import accept_when_serving, serve, serve_env, wait_for
+from tests.test_turn_crash import accept_when_serving, resumed, serve, serve_env, wait_for
 
 fake_anthropic = fakes.fake_anthropic
 DISPACH = str(Path(sys.executable).parent / "dispach")
@@ -86,19 +86,7 @@ async def test_kill_9_during_two_mcp_calls_then_restart(
         await asyncio.to_thread(first.wait, 10)
         (first_kit,) = lines(record / "pids.log")
 
-        second = serve(env, log)
-        try:
-            await store.aopen()
-            stream = streams.turn(accepted.turn_id)
-
-            async def ended() -> bool:
-                return any(isinstance(e.data, TurnEnd) for e in await store.aread_stream(stream))
-
-            await wait_for(ended, 60, "the resumed turn to end")
-            events = await store.aread_stream(stream)
-        finally:
-            second.send_signal(signal.SIGTERM)
-            assert await asyncio.to_thread(second.wait, 30) == 0, log.read_text()[-3000:]
+        events = await resumed(env, log, store, accepted.turn_id)
     finally:
         if first.poll() is None:
             first.kill()

@@ -18,7 +18,7 @@ import nats
 import pytest
 
 from actors.messages import Accepted
-from eventstore import EventStore, streams, subjects
+from eventstore import EventStore, RecordedEvent, streams, subjects
 from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
 from gateways.ingress import IngressMessage, request
 from tests import fakes
@@ -85,6 +85,27 @@ async def accept_when_serving(nc: Any, agent: str, text: str, log: Path) -> Acce
     raise AssertionError(f"the node never accepted a message:\n{served}")
 
 
+async def resumed(
+    env: dict[str, str], log: Path, store: EventStore, turn_id: str
+) -> list[RecordedEvent]:
+    """Start the node again, wait for the turn it resumes to end, stop the node cleanly; the
+    turn's events."""
+    second = serve(env, log)
+    try:
+        await store.aopen()
+        stream = streams.turn(turn_id)
+
+        async def ended() -> bool:
+            return any(isinstance(e.data, TurnEnd) for e in await store.aread_stream(stream))
+
+        await wait_for(ended, 60, "the resumed turn to end")
+        return await store.aread_stream(stream)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(second.wait, 30)
+        assert code == 0, (await asyncio.to_thread(log.read_text))[-3000:]
+
+
 async def wait_for(predicate: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not await predicate():
@@ -124,19 +145,7 @@ async def test_kill_9_during_a_tool_call_then_restart(
         first.send_signal(signal.SIGKILL)
         await asyncio.to_thread(first.wait, 10)
 
-        second = serve(env, log)
-        try:
-            await store.aopen()
-            stream = streams.turn(accepted.turn_id)
-
-            async def ended() -> bool:
-                return any(isinstance(e.data, TurnEnd) for e in await store.aread_stream(stream))
-
-            await wait_for(ended, 60, "the resumed turn to end")
-            events = await store.aread_stream(stream)
-        finally:
-            second.send_signal(signal.SIGTERM)
-            assert await asyncio.to_thread(second.wait, 30) == 0, log.read_text()[-3000:]
+        events = await resumed(env, log, store, accepted.turn_id)
     finally:
         if first.poll() is None:
             first.kill()
