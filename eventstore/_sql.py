@@ -53,9 +53,10 @@ STATEMENT_TIMEOUT = "60s"
 """No statement of ours runs this long (appends and reads take milliseconds): one that does is
 waiting on something (a lock a rebuild holds, a hung disk) and is cancelled; the writer takes
 that as a broken connection and retries its idempotent append until its deadline."""
-IDLE_IN_TRANSACTION_TIMEOUT = "60s"
+IDLE_IN_TRANSACTION_TIMEOUT = "5s"
 """Our code never waits inside a transaction; a session of ours that does (a bug, a stuck
-thread) is ended before it holds the log's read horizon, and every stream, back for long."""
+thread, a node paused between its append and its commit) is ended before it holds the log's
+commit-order lock, and with it the appends of every node, for long (migration 0012)."""
 LOCK_TIMEOUT = "30s"
 """Waiting longer than this for a lock is a stall to report, not to sit out."""
 

@@ -8,7 +8,7 @@ switches to the feed without a gap or a repeat:
 
 1. It registers with the feed first, so every event the feed hands out from then on is queued.
 2. It reads the log after its cursor until a short page. Everything the feed handed out before
-   registration was below the reading horizon then, so this read sees it.
+   registration was committed then, so this read sees it.
 3. It drains the queue, dropping what it already delivered: both sources are in checkpoint order,
    so "already delivered" is "checkpoint <= last delivered".
 

@@ -12,13 +12,20 @@ neither adding work per request:
 The latest observation wins. The state is one tuple assigned whole, so the writer thread and the
 event loop can both write it and readers see either the old or the new one, never a mix.
 
-The probe's query also finds the oldest transaction of the whole cluster that holds an xid
-(``sql/horizon.sql``). Every reader of the log stops below the oldest running xid (a position
-becomes visible only once nothing older can still commit), so such a transaction, ours or
-anyone's (an idle ``psql`` left in ``BEGIN`` after a write, another database's migration),
-delays every live stream by its age. That age is the ``dispach_postgres_horizon_age_seconds``
-gauge; past :data:`HORIZON_WARN_S` the holder is logged by pid, age, state, database and
-application (never its query), and ``GET /v1/ready`` names it among its warnings.
+The probe's query also finds what can hold the log back (``sql/horizon.sql``):
+
+- the holder of the log's commit-order lock (migration 0012). Appends of every node take it in
+  turn, for milliseconds; a transaction that keeps it (a paused node between its insert and its
+  commit, a stray ``INSERT`` left open in ``psql``) makes every append wait. Past
+  :data:`APPEND_WARN_S` it is named; its age is ``dispach_log_append_lock_age_seconds``.
+- the cluster's oldest transaction holding an xid, ours or anyone's (an idle ``psql`` left in
+  ``BEGIN`` after a write, another database's migration). Readers of the log no longer wait for
+  it (appends commit in checkpoint order), but vacuum cannot reclaim the projections' dead rows
+  behind it. Its age is ``dispach_postgres_horizon_age_seconds``; past :data:`HORIZON_WARN_S` it
+  is named.
+
+A named holder is logged once by pid, age, state, database and application (never its query),
+and ``GET /v1/ready`` lists it among its warnings until it ends.
 """
 
 from __future__ import annotations
@@ -32,14 +39,18 @@ from typing import Any, NamedTuple
 import psycopg
 import structlog
 
-from eventstore._sql import load
-from eventstore.metrics import HORIZON_AGE
+from eventstore._sql import check_schema_name, load
+from eventstore.metrics import APPEND_LOCK_AGE, HORIZON_AGE
 
 log = structlog.get_logger("dispach.postgres")
 _HORIZON = load("horizon").encode()
 
-HORIZON_WARN_S = 10.0
-"""A transaction this old holds the streams back noticeably: logged and shown by /v1/ready."""
+APPEND_WARN_S = 5.0
+"""Appends have waited this long behind the holder of the commit-order lock: logged, shown by
+/v1/ready. No append of ours holds it for more than a few milliseconds, and our connections end
+a transaction left idle after 5 s (eventstore/_sql.py), so this names a stuck or foreign one."""
+HORIZON_WARN_S = 60.0
+"""A transaction this old holds vacuum back noticeably: logged and shown by /v1/ready."""
 PROBE_INTERVAL_S = 1.0
 PROBE_TIMEOUT_S = 3.0
 """A probe unanswered this long is a hung server; generous, as a busy loop on a loaded machine
@@ -47,13 +58,24 @@ can delay the answer of a healthy one (a stopped server refuses the connection a
 
 
 class Holder(NamedTuple):
-    """The oldest transaction holding an xid, as the last probe found it."""
+    """A transaction the last probe found holding the log back (see the module's docstring)."""
 
     pid: int
     age_s: float
     state: str
     database: str
     application: str
+    appending: bool
+    """It holds the commit-order lock (appends wait), rather than only the oldest xid."""
+
+    @property
+    def threshold_s(self) -> float:
+        return APPEND_WARN_S if self.appending else HORIZON_WARN_S
+
+    @property
+    def effect(self) -> str:
+        return ("appends of every node wait for it to end" if self.appending
+                else "vacuum cannot reclaim dead rows until it ends")  # fmt: skip
 
     def describe(self) -> str:
         who = f"{self.application} " if self.application else ""
@@ -62,13 +84,16 @@ class Holder(NamedTuple):
 
 
 class PostgresHealth:
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, schema: str = "dispach") -> None:
         self._conninfo = conninfo
+        self._events = f'"{check_schema_name(schema)}".events'
         self._state: tuple[bool, float, str] = (True, time.monotonic(), "")
         self.outages = 0
         """How many times Postgres went down, as seen here."""
         self.holder: Holder | None = None
         """The oldest transaction holding an xid at the last probe (None: none)."""
+        self.appender: Holder | None = None
+        """The transaction holding the commit-order lock at the last probe (None: none)."""
         self._reported: int | None = None
 
     @property
@@ -76,25 +101,28 @@ class PostgresHealth:
         return self._state[0]
 
     @property
-    def held(self) -> Holder | None:
-        """The transaction holding the streams back past :data:`HORIZON_WARN_S`, if one is."""
-        holder = self.holder
-        return holder if holder is not None and holder.age_s >= HORIZON_WARN_S else None
+    def held(self) -> list[Holder]:
+        """The transactions holding the log back past their threshold, the appender first."""
+        found = [h for h in (self.appender, self.holder) if h is not None]
+        return [h for h in found if h.age_s >= h.threshold_s]
 
-    def horizon(self, holder: Holder | None) -> None:
-        """Record what the probe found of the horizon; log a holder once, and its release."""
-        self.holder = holder
-        HORIZON_AGE.set(holder.age_s if holder is not None else 0.0)
+    def horizon(self, found: list[Holder]) -> None:
+        """Record what the probe found; log the first named holder once, and its release."""
+        self.appender = next((h for h in found if h.appending), None)
+        self.holder = next((h for h in found if not h.appending), None)
+        HORIZON_AGE.set(self.holder.age_s if self.holder is not None else 0.0)
+        APPEND_LOCK_AGE.set(self.appender.age_s if self.appender is not None else 0.0)
         held = self.held
-        if held is not None and held.pid != self._reported:
-            self._reported = held.pid
-            log.warning("postgres_horizon_held", pid=held.pid, age_s=round(held.age_s, 1),
-                        state=held.state, database=held.database,
-                        application=held.application,
-                        hint="live streams wait for this transaction to end; end it (or "
-                             "pg_terminate_backend its pid) if it is a stray one")  # fmt: skip
-        elif held is None and self._reported is not None:
-            log.info("postgres_horizon_released", pid=self._reported)
+        if held and held[0].pid != self._reported:
+            first = held[0]
+            self._reported = first.pid
+            log.warning("postgres_transaction_holds_log", pid=first.pid,
+                        age_s=round(first.age_s, 1), state=first.state, database=first.database,
+                        application=first.application, appending=first.appending,
+                        hint=f"{first.effect}; end it (or pg_terminate_backend its pid) if it is "
+                             "a stray one")  # fmt: skip
+        elif not held and self._reported is not None:
+            log.info("postgres_transaction_released", pid=self._reported)
             self._reported = None
 
     @property
@@ -171,12 +199,12 @@ class PostgresHealth:
                 options=f"-c statement_timeout={int(PROBE_TIMEOUT_S * 1000)}",
             )
         try:
-            cur = await conn.execute(_HORIZON)
-            row = await cur.fetchone()
+            cur = await conn.execute(_HORIZON, {"events": self._events})
+            rows = await cur.fetchall()
         except BaseException:
             await _discard(conn)
             raise
-        self.horizon(Holder(*row) if row is not None else None)
+        self.horizon([Holder(*row) for row in rows])
         return conn
 
 

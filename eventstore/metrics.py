@@ -38,5 +38,11 @@ FENCE_REFUSALS = Counter(
 HORIZON_AGE = Gauge(
     "dispach_postgres_horizon_age_seconds",
     "Age of the cluster's oldest transaction holding an xid, as the health probe last saw it "
-    "(0: none): the live streams lag by about this much (eventstore/health.py).",
+    "(0: none): vacuum cannot reclaim rows that died after it began (eventstore/health.py).",
+)
+
+APPEND_LOCK_AGE = Gauge(
+    "dispach_log_append_lock_age_seconds",
+    "Age of the transaction holding the log's commit-order lock, as the health probe last saw "
+    "it (0: none): appends of every node wait while one holds it (eventstore/health.py).",
 )

@@ -64,7 +64,7 @@ class EventStore:
         self._apool = psycopg_pool.AsyncConnectionPool(
             conninfo, min_size=1, max_size=pool_size, kwargs=kwargs, open=False, name="dispach-a"
         )
-        self.health = PostgresHealth(conninfo)
+        self.health = PostgresHealth(conninfo, schema)
         """Whether Postgres is up, as the writer and the probe last saw (eventstore/health.py)."""
         self._writer = GroupCommitWriter(
             conninfo, schema, inline=inline, on_commit=on_commit, queue_size=writer_queue,
@@ -365,9 +365,8 @@ class EventStore:
             if len(page) == batch:
                 continue
             if types is None and self.hints.latest > checkpoint and backoff < self.poll_interval:
-                # A commit was announced that we cannot see yet: an older transaction is still
-                # open and holds the horizon back. It ends soon, usually without a hint of its
-                # own (a rollback, or another application's transaction): look again shortly.
+                # A commit was announced that this read did not see yet (the hint can overtake
+                # the read's snapshot on another connection): look again shortly.
                 await asyncio.sleep(backoff)
                 backoff *= 2
             else:

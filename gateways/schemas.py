@@ -340,5 +340,5 @@ class Ready(_Body, frozen=True):
     phase: str
     checks: dict[str, bool]
     warnings: list[str] = msgspec.field(default_factory=list)
-    """Ready, but serving less well than it should: e.g. a transaction holding the log's read
-    horizon back (live streams wait for it), named by pid and age."""
+    """Ready, but serving less well than it should: e.g. a transaction holding the log's
+    commit-order lock (appends wait for it) or vacuum back, named by pid and age."""

@@ -146,11 +146,8 @@ class Node:
         return self._phase == "ready" and all(checks.values()), self._phase, checks
 
     def warnings(self) -> list[str]:
-        held = self.store.health.held if self.store is not None else None
-        if held is None:
-            return []
-        return [f"the log's read horizon is held back by a {held.describe()}: live streams "
-                "deliver nothing newer until it ends"]  # fmt: skip
+        held = self.store.health.held if self.store is not None else []
+        return [f"a {h.describe()} holds the log back: {h.effect}" for h in held]
 
     # --- lifecycle -----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import time
 import uuid
 
 import msgspec
+import psycopg
 import pytest
 
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, NewEvent
@@ -99,19 +100,44 @@ def test_a_tailing_reader_sees_every_event_once_in_checkpoint_order(
     assert checkpoints == sorted(checkpoints), f"checkpoints went backwards {context}"
 
 
-def test_a_long_transaction_holds_readers_back_instead_of_being_skipped(
+def test_an_open_append_makes_later_appends_wait_so_none_commits_out_of_order(
     store: EventStore, connect: ConnectFactory
 ) -> None:
     slow = connect()
     slow_id = uuid.uuid4()
     data = msgspec.json.encode(ModelChunk(delta="slow")).decode()
     slow.execute(INSERT, ["raw-slow", 0, slow_id, data])  # takes its position first
-    fast = store.append("turn-fast", [NewEvent(event=ModelChunk(delta="fast"))])
-    assert fast.events[0].position > 0
-    assert store.read_all() == []  # the fast event waits behind the open transaction
+    fast = store.submit("turn-fast", [NewEvent(event=ModelChunk(delta="fast"))], blocking=True)
+    time.sleep(0.3)
+    assert not fast.done()  # behind the open append: it may not commit first
+    assert store.read_all() == []
     slow.commit()
+    fast_id = fast.result(10).events[0].event_id
     ids = [e.event_id for e in store.read_all()]
-    assert ids == [slow_id, fast.events[0].event_id]
+    assert ids == [slow_id, fast_id]
+
+
+def test_a_foreign_transaction_holding_an_xid_holds_no_reader_back(
+    store: EventStore, connect: ConnectFactory
+) -> None:
+    # What froze every stream before the commit-order lock: an idle psql after a write.
+    stray = connect()
+    stray.execute("SELECT pg_current_xact_id()")
+    appended = store.append("turn-now", [NewEvent(event=ModelChunk(delta="now"))])
+    assert [e.event_id for e in store.read_all()] == [appended.events[0].event_id]
+    stray.rollback()
+
+
+def test_an_append_after_another_write_of_its_transaction_is_refused(
+    store: EventStore, connect: ConnectFactory
+) -> None:
+    conn = connect()
+    conn.execute("SELECT pg_current_xact_id()")  # the transaction holds an id already
+    data = msgspec.json.encode(ModelChunk(delta="late")).decode()
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as caught:
+        conn.execute(INSERT, ["raw-late", 0, uuid.uuid4(), data])
+    assert "first write of its transaction" in str(caught.value)
+    conn.rollback()
 
 
 def test_cursors_are_opaque_and_round_trip() -> None:
