@@ -23,7 +23,9 @@ EventRow = tuple[str, int, int, str, uuid.UUID, str, str, str, datetime]
 
 
 @functools.cache
+@functools.cache
 def load(name: str) -> str:
+    """The text of ``sql/<name>.sql``, read once (reads call this for every query)."""
     return resources.files("eventstore").joinpath("sql", f"{name}.sql").read_text()
 
 

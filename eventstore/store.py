@@ -321,7 +321,7 @@ class EventStore:
             "session_key": session_key,
             "types": list(types) if types is not None else None,
         }
-        rows = await self.afetch(load("read_scoped").encode(), params)
+        rows = await self.afetch(load(_scoped_query(agent_id, session_key)).encode(), params)
         return [decode_row(r) for r in rows]
 
     async def subscribe(
@@ -383,6 +383,14 @@ def _unavailable(e: psycopg.Error) -> StoreError:
         f"cannot read from Postgres: {e}".strip(),
         "the database is down or overloaded; the read can be retried",
     )
+
+
+def _scoped_query(agent_id: str | None, session_key: str | None) -> str:
+    """The statement for a scope's shape: each shape its own, so a prepared (generic) plan still
+    uses the scope's index (see sql/read_agent.sql)."""
+    if agent_id is None:
+        return "read_scoped"
+    return "read_agent" if session_key is None else "read_session"
 
 
 def _page(after: Checkpoint, limit: int) -> dict[str, int]:
