@@ -57,8 +57,8 @@ waiting on something (a lock a rebuild holds, a hung disk) and is cancelled; the
 that as a broken connection and retries its idempotent append until its deadline."""
 IDLE_IN_TRANSACTION_TIMEOUT = "5s"
 """Our code never waits inside a transaction; a session of ours that does (a bug, a stuck
-thread, a node paused between its append and its commit) is ended before it holds the log's
-commit-order lock, and with it the appends of every node, for long (migration 0012)."""
+thread, a node paused between its append and its commit) is ended before, as an open append,
+it holds every reader of the log back for long (migration 0012)."""
 LOCK_TIMEOUT = "30s"
 """Waiting longer than this for a lock is a stall to report, not to sit out."""
 

@@ -14,13 +14,14 @@ event loop can both write it and readers see either the old or the new one, neve
 
 The probe's query also finds what can hold the log back (``sql/horizon.sql``):
 
-- the holder of the log's commit-order lock (migration 0012). Appends of every node take it in
-  turn, for milliseconds; a transaction that keeps it (a paused node between its insert and its
-  commit, a stray ``INSERT`` left open in ``psql``) makes every append wait. Past
-  :data:`APPEND_WARN_S` it is named; its age is ``dispach_log_append_lock_age_seconds``.
+- the oldest open append (a transaction holding the append lock of migration 0012). Every
+  reader of the log stops below it; an append of ours is open for milliseconds, so one that
+  stays open (a paused node between its insert and its commit, a stray ``INSERT`` left open in
+  ``psql``) makes every live stream wait. Past :data:`APPEND_WARN_S` it is named; its age is
+  ``dispach_log_append_lock_age_seconds``.
 - the cluster's oldest transaction holding an xid, ours or anyone's (an idle ``psql`` left in
-  ``BEGIN`` after a write, another database's migration). Readers of the log no longer wait for
-  it (appends commit in checkpoint order), but vacuum cannot reclaim the projections' dead rows
+  ``BEGIN`` after a write, another database's migration). Readers of the log do not wait for
+  it (it cannot append: see migration 0012), but vacuum cannot reclaim the projections' dead rows
   behind it. Its age is ``dispach_postgres_horizon_age_seconds``; past :data:`HORIZON_WARN_S` it
   is named.
 
@@ -46,9 +47,9 @@ log = structlog.get_logger("dispach.postgres")
 _HORIZON = load("horizon").encode()
 
 APPEND_WARN_S = 5.0
-"""Appends have waited this long behind the holder of the commit-order lock: logged, shown by
-/v1/ready. No append of ours holds it for more than a few milliseconds, and our connections end
-a transaction left idle after 5 s (eventstore/_sql.py), so this names a stuck or foreign one."""
+"""An append open this long holds every live stream back: logged, shown by /v1/ready. No append
+of ours is open for more than a few milliseconds, and our connections end a transaction left
+idle after 5 s (eventstore/_sql.py), so this names a stuck or foreign one."""
 HORIZON_WARN_S = 60.0
 """A transaction this old holds vacuum back noticeably: logged and shown by /v1/ready."""
 PROBE_INTERVAL_S = 1.0
@@ -66,7 +67,7 @@ class Holder(NamedTuple):
     database: str
     application: str
     appending: bool
-    """It holds the commit-order lock (appends wait), rather than only the oldest xid."""
+    """It is an open append (readers wait), rather than only the oldest xid."""
 
     @property
     def threshold_s(self) -> float:
@@ -74,7 +75,7 @@ class Holder(NamedTuple):
 
     @property
     def effect(self) -> str:
-        return ("appends of every node wait for it to end" if self.appending
+        return ("live streams deliver nothing newer until it ends" if self.appending
                 else "vacuum cannot reclaim dead rows until it ends")  # fmt: skip
 
     def describe(self) -> str:
@@ -93,7 +94,7 @@ class PostgresHealth:
         self.holder: Holder | None = None
         """The oldest transaction holding an xid at the last probe (None: none)."""
         self.appender: Holder | None = None
-        """The transaction holding the commit-order lock at the last probe (None: none)."""
+        """The oldest open append at the last probe (None: none)."""
         self._reported: int | None = None
 
     @property

@@ -43,6 +43,6 @@ HORIZON_AGE = Gauge(
 
 APPEND_LOCK_AGE = Gauge(
     "dispach_log_append_lock_age_seconds",
-    "Age of the transaction holding the log's commit-order lock, as the health probe last saw "
-    "it (0: none): appends of every node wait while one holds it (eventstore/health.py).",
+    "Age of the oldest open append (a transaction holding the log's append lock), as the health "
+    "probe last saw it (0: none): every live stream waits for it (eventstore/health.py).",
 )

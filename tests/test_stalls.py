@@ -1,10 +1,9 @@
 """Bounded stalls. A transaction that holds an xid and stays open (an idle ``psql`` after a
-write) no longer holds the live streams back: appends commit in checkpoint order (migration
-0012), so readers wait for no horizon. What it still holds back is named: the node's health
-probe finds it (and any transaction sitting on the commit-order lock, which appends do wait
-for), names it by pid and age in its log line, a gauge and ``GET /v1/ready``, and says when it is
-gone; and every connection of ours bounds its statements, lock waits and idle transactions.
-Real Postgres, a real node behind uvicorn."""
+write) no longer holds the live streams back: readers wait only for open appends (migration
+0012). What such a transaction still holds back is named: the node's health probe finds it (and
+any append left open, which readers do wait for), names it by pid and age in its log line, a
+gauge and ``GET /v1/ready``, and says when it is gone; and every connection of ours bounds its
+statements, lock waits and idle transactions. Real Postgres, a real node behind uvicorn."""
 
 from __future__ import annotations
 
@@ -66,7 +65,7 @@ async def test_an_open_transaction_with_an_xid_is_named_until_it_ends(
 
 
 @pytest.mark.asyncio
-async def test_a_transaction_sitting_on_the_commit_order_lock_is_named_as_blocking_appends(
+async def test_an_append_left_open_is_named_as_holding_the_streams_back(
     api_factory: ApiFactory, servers: Servers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(health, "APPEND_WARN_S", 0.5)
@@ -75,7 +74,7 @@ async def test_a_transaction_sitting_on_the_commit_order_lock_is_named_as_blocki
     stray = await psycopg.AsyncConnection.connect(servers.database_url,
                                                   application_name="stray-insert")  # fmt: skip
     try:
-        # An append of someone else's, left open: every append of ours waits behind it.
+        # An append of someone else's, left open: every reader of the log waits for it.
         await stray.execute(f'SET search_path TO "{api.node.store.schema}"')
         await stray.execute(
             "INSERT INTO events (stream_id, stream_version, event_id, type, data)"
@@ -83,7 +82,7 @@ async def test_a_transaction_sitting_on_the_commit_order_lock_is_named_as_blocki
         )
         pid = stray.info.backend_pid
         [warning] = await until(named(api.url, pid), 15, "the open append in /v1/ready")
-        assert "stray-insert" in warning and "appends of every node wait" in warning
+        assert "stray-insert" in warning and "live streams deliver nothing newer" in warning
         appender = api.node.store.health.appender
         assert appender is not None and appender.pid == pid and appender.appending
         gauge = REGISTRY.get_sample_value("dispach_log_append_lock_age_seconds")

@@ -1,9 +1,9 @@
 -- What can hold the log back, as the health probe sees it (eventstore/health.py); never a query's
 -- text, only who it is. At most two rows:
--- 1. the holder of the log's commit-order lock (migration 0012): every node's appends wait for it,
---    and an append holds it for milliseconds;
+-- 1. the oldest open append (it holds the append lock of migration 0012): every reader of the log
+--    waits for it, and an append is open for milliseconds;
 -- 2. the cluster's oldest transaction holding an xid (any database): vacuum cannot reclaim rows
---    that died after it began. Readers of the log no longer wait for it.
+--    that died after it began. Readers of the log do not wait for it.
 -- A read-only transaction has no xid and holds nothing back.
 (SELECT a.pid,
         extract(epoch FROM now() - a.xact_start)::float8 AS age_s,
@@ -19,6 +19,7 @@
     AND l.objsubid = 2
     AND l.granted
     AND a.xact_start IS NOT NULL
+  ORDER BY a.xact_start
   LIMIT 1)
 UNION ALL
 (SELECT pid,

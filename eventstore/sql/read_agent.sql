@@ -6,6 +6,7 @@ SELECT stream_id, stream_version, global_position, transaction_id::text AS txid_
        type, data::text AS data_text, metadata::text AS meta_text, recorded_at
   FROM events
  WHERE metadata->>'agentId' = %(agent_id)s::text
+   AND transaction_id < (SELECT events_horizon())
    AND (transaction_id, global_position) > (%(txid)s::text::xid8, %(position)s::bigint)
    AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
  ORDER BY events.transaction_id, events.global_position
