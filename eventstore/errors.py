@@ -156,3 +156,19 @@ def describe_version(expected: int) -> str:
     if expected == ANY:
         return "any version"
     return f"version {expected}"
+
+
+class CursorArchived(StoreError):
+    """A read would have passed over events that were archived (eventstore/archive.py): it is
+    refused instead of skipping them. HTTP answers ``410``."""
+
+    code = "cursor_archived"
+
+    def __init__(self, archive_id: str, partition: str, first: int, last: int) -> None:
+        self.archive_id = archive_id
+        super().__init__(
+            f"events {first} to {last} of the log (partition {partition}) are archived as "
+            f"{archive_id}, and this read would pass over them",
+            f"read from a cursor after position {last}, or bring them back with "
+            f"`dispach log restore` of archive {archive_id}",
+        )

@@ -18,6 +18,7 @@ import psycopg
 import psycopg_pool
 
 from eventstore._sql import connect_kwargs, decode_row, load
+from eventstore.archived import Archived
 from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import InvalidAppend, InvalidValue, StoreError, StoreUnavailable
@@ -56,6 +57,9 @@ class EventStore:
         self.schema = schema
         self.poll_interval = poll_interval
         self.hints = Hints()
+        self.archived = Archived()
+        """The archived ranges of the log: every read below checks, after its query, that it
+        passed over none of them (eventstore/archived.py)."""
         # Reads are single statements: autocommit spares each a BEGIN and a COMMIT round trip.
         kwargs = connect_kwargs(schema) | {"autocommit": True}
         self._pool = psycopg_pool.ConnectionPool(
@@ -242,7 +246,9 @@ class EventStore:
                 load("read_stream").encode(),
                 {"stream": stream, "from_version": from_version, "limit": limit},
             ).fetchall()
-        return [decode_row(r) for r in rows]
+        events = [decode_row(r) for r in rows]
+        self.archived.check_stream(self._pool, stream, from_version, events)
+        return events
 
     def stream_version(self, stream: str) -> int:
         """The version of the stream's last event, or NO_STREAM (-1)."""
@@ -254,6 +260,7 @@ class EventStore:
         """Up to ``limit`` events after ``after``, in checkpoint order, none ever skipped."""
         with self._pool.connection() as conn:
             rows = conn.execute(load("read_all").encode(), _page(after, limit)).fetchall()
+        self.archived.check(self._pool, after)
         return [decode_row(r) for r in rows]
 
     def head(self) -> Checkpoint:
@@ -271,10 +278,13 @@ class EventStore:
             load("read_stream").encode(),
             {"stream": stream, "from_version": from_version, "limit": limit},
         )
-        return [decode_row(r) for r in rows]
+        events = [decode_row(r) for r in rows]
+        await self.archived.acheck_stream(self._apool, stream, from_version, events)
+        return events
 
     async def aread_all(self, after: Checkpoint = START, limit: int = 1000) -> list[RecordedEvent]:
         rows = await self.afetch(load("read_all").encode(), _page(after, limit))
+        await self.archived.acheck(self._apool, after)
         return [decode_row(r) for r in rows]
 
     async def ahead(self) -> Checkpoint:
@@ -294,6 +304,7 @@ class EventStore:
         rows = await self.afetch(
             load("read_turn").encode(), {"turn_id": turn_id, **_page(after, limit)}
         )
+        await self.archived.acheck(self._apool, after, turn_id=turn_id)
         return [decode_row(r) for r in rows]
 
     async def aread_turns(
@@ -303,6 +314,7 @@ class EventStore:
         rows = await self.afetch(
             load("read_turns").encode(), {"turn_ids": list(turn_ids), "types": list(types)}
         )
+        await self.archived.acheck_turns(self._apool, turn_ids)
         return [decode_row(r) for r in rows]
 
     async def aread_scoped(
@@ -322,6 +334,7 @@ class EventStore:
             "types": list(types) if types is not None else None,
         }
         rows = await self.afetch(load(_scoped_query(agent_id, session_key)).encode(), params)
+        await self.archived.acheck(self._apool, after)
         return [decode_row(r) for r in rows]
 
     async def subscribe(

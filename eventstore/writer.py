@@ -47,6 +47,7 @@ from eventstore.metrics import (
     EVENTS_APPENDED,
     FENCE_REFUSALS,
 )
+from eventstore.partitions import Partitioning, ensure, needs_more
 from eventstore.projection import Projection, run_statements, statements_for
 from eventstore.versions import NO_STREAM
 
@@ -107,11 +108,15 @@ class GroupCommitWriter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="dispach-writer", daemon=True)
         self._closed = False
+        self._partitions: tuple[int, Partitioning] | None = None
+        """The log's last partition bound and how it is cut, as this writer last made sure of
+        (eventstore/partitions.py); None until it could."""
         self.batches = 0
         self.commands = 0
 
     def start(self) -> None:
         self._conn = self._connect()
+        self._ensure_partitions(0)
         self._thread.start()
 
     def deliver_on(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -248,16 +253,42 @@ class GroupCommitWriter:
                 time.sleep(min(0.05 * attempt, 1.0))
                 self._reconnect()
             except Exception as e:  # noqa: BLE001 - every failure is reported to its caller
+                self._rollback()
+                if _no_partition(e) and attempt < _RETRIES:
+                    # Positions ran past the last partition (another node's burst used the
+                    # margin up): create the partitions, then insert again.
+                    self._ensure_partitions(sum(len(c.events) for c in batch))
+                    continue
                 # Postgres refused something, or a projection has a bug: find the one command
                 # that causes it by committing each alone; the others must not pay for it.
-                self._rollback()
                 if len(batch) == 1:
                     return self._fail(batch, _refused(e, batch[0]))
                 return self._isolate(batch)
         # A command that became acceptable while the batch was decided goes first in the next.
         self._backlog.extendleft(reversed(again))
         self._settle([c for c in batch if c in outcomes], outcomes, committed)
+        if committed:
+            self._grow(max(e.position for e in committed) + 1)
         return None
+
+    def _grow(self, next_position: int) -> None:
+        """Make the partitions ahead of the log once its positions near the last one (no round
+        trip until then): after a batch is answered, so its callers do not wait for it."""
+        known = self._partitions
+        if known is None or needs_more(known[0], next_position, known[1]):
+            self._ensure_partitions(0)
+
+    def _ensure_partitions(self, pending: int) -> None:
+        """Create the partitions the log needs (eventstore/partitions.py). A failure is logged
+        and tried again later: an insert that finds no partition comes back here first."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            return
+        try:
+            self._partitions = ensure(conn, self._schema, pending)
+        except psycopg.Error as e:
+            self._rollback()
+            log.warning("writer_partitions_failed", error=str(e))
 
     def _settle(
         self,
@@ -529,6 +560,13 @@ def _observe_append(submitted: float, future: Future[AppendResult]) -> None:
         return  # the caller stopped waiting: there is no answer to time
     elapsed = time.perf_counter() - submitted
     (APPEND_OK if future.exception() is None else APPEND_ERROR).observe(elapsed)
+
+
+def _no_partition(e: Exception) -> bool:
+    """Postgres found no partition of the log for a row's position."""
+    return isinstance(e, pgerrors.CheckViolation) and "no partition" in (
+        e.diag.message_primary or ""
+    )
 
 
 def _unavailable(e: psycopg.Error) -> StoreUnavailable:

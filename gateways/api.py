@@ -125,6 +125,7 @@ _STATUS = {
     "turn_not_ended": 409,
     "fork_turn_cleared": 409,
     "session_moving": 503,
+    "cursor_archived": 410,
     "idempotency_key_reused": 409,
     "accept_conflict": 409,
     "no_node": 503,
@@ -163,6 +164,18 @@ def runtime(request: HTTPConnection) -> Runtime:
 def principal(request: HTTPConnection) -> Principal:
     p: Principal = getattr(request.state, "principal", EVERYONE)
     return p
+
+
+async def refuse_archived(
+    request: HTTPConnection, after: Checkpoint, turn_id: str | None = None
+) -> None:
+    """``410 cursor_archived`` before a stream starts (its status is sent first) when its
+    catch-up would pass over archived events (eventstore/archived.py)."""
+    store = store_of(request)
+    try:
+        await store.archived.acheck(store.apool, after, turn_id=turn_id)
+    except StoreError as e:
+        raise store_error(e) from e
 
 
 def store_of(request: HTTPConnection) -> EventStore:
@@ -320,9 +333,13 @@ async def fetch(
         raise store_error(e) from e
 
 
+# What turn.sql and turns.sql select, in TurnResource's order; the archive is looked up apart.
+_TURN_COLUMNS = [f for f in TurnResource.__struct_fields__ if f not in ("archived", "archive_id")]
+
+
 def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     # turn.sql and turns.sql select the columns in the order of TurnResource's fields.
-    fields = dict(zip(TurnResource.__struct_fields__, row, strict=True))
+    fields = dict(zip(_TURN_COLUMNS, row, strict=True))
     fields["deliveries"] = msgspec.convert(fields["deliveries"], list[DeliveryInfo])
     fields["calls"] = msgspec.convert(fields["calls"], list[CallUsage])
     return TurnResource(**fields)
@@ -449,12 +466,22 @@ def accepted_response(
 
 async def get_turn(request: Request) -> Response:
     agent_id = agent(request).id
-    return json_response(await load_turn(request, request.path_params["turn_id"], agent_id))
+    turn = await load_turn(request, request.path_params["turn_id"], agent_id)
+    return json_response(await with_archive(request, turn))
 
 
 async def get_turn_any(request: Request) -> Response:
     """``GET /v1/turns/{turnId}``: the turn whatever its agent (an extension of v1)."""
-    return json_response(await load_turn(request, request.path_params["turn_id"], None))
+    turn = await load_turn(request, request.path_params["turn_id"], None)
+    return json_response(await with_archive(request, turn))
+
+
+async def with_archive(request: Request, turn: TurnResource) -> TurnResource:
+    """The turn, saying whether its events were archived (the projection is kept)."""
+    rows = await fetch(request, "turn_archive", {"turn_id": turn.turn_id})
+    if not rows:
+        return turn
+    return msgspec.structs.replace(turn, archived=True, archive_id=rows[0][0])
 
 
 async def list_turns(request: Request) -> Response:

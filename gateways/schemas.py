@@ -107,6 +107,11 @@ class TurnResource(_Body, frozen=True):
     """Present when the turn's reply was promised to a channel (``deliver``)."""
     calls: list[CallUsage] = msgspec.field(default_factory=list)
     """Each model call's usage, in order."""
+    archived: bool = False
+    """The turn's events were archived with their partition of the log (``dispach log
+    archive``): this resource still answers, its events and stream answer ``410
+    cursor_archived`` until ``dispach log restore`` of ``archive_id``."""
+    archive_id: str | None = None
 
 
 class TurnPage(_Body, frozen=True):
@@ -340,5 +345,5 @@ class Ready(_Body, frozen=True):
     phase: str
     checks: dict[str, bool]
     warnings: list[str] = msgspec.field(default_factory=list)
-    """Ready, but serving less well than it should: e.g. a transaction holding the log's
-    commit-order lock (appends wait for it) or vacuum back, named by pid and age."""
+    """Ready, but serving less well than it should: e.g. an append left open (live streams wait
+    for it) or a transaction holding vacuum back, named by pid and age."""

@@ -30,6 +30,7 @@ from gateways.api import (
     not_ready,
     principal,
     read_body,
+    refuse_archived,
     refused,
     runtime,
     visible_agent,
@@ -149,6 +150,7 @@ async def turn_stream(request: Request) -> Response:
         if problem is not None:
             raise problem
     after = cursor_param(request)
+    await refuse_archived(request, after or Checkpoint(), turn.turn_id)
     if (
         after is not None
         and turn.status != "running"
@@ -417,6 +419,8 @@ async def events_stream(request: Request) -> Response:
     chunks, implied = chunk_options(flag(request, "chunks"), types)
     reasoning = flag(request, "reasoning")
     after = cursor_param(request)
+    if after is not None:
+        await refuse_archived(request, after)
     scope = Scope(
         agent_id=agent_id,
         session_key=session_key,

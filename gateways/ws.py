@@ -32,7 +32,15 @@ from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
 from eventstore.catalogue import Deliver, Sender, TurnEnd
 from eventstore.feed import Scope
 from gateways import approvals, ingress, metrics
-from gateways.api import ApiError, commands_of, load_turn, principal, runtime, visible_agent
+from gateways.api import (
+    ApiError,
+    commands_of,
+    load_turn,
+    principal,
+    refuse_archived,
+    runtime,
+    visible_agent,
+)
 from gateways.auth import STREAM_READ_ONLY_HINT, SUBPROTOCOL
 from gateways.ingress import field_of, shape_refused
 from gateways.sse import (
@@ -300,6 +308,8 @@ class Socket:
         if frame.turn_id is not None:
             try:
                 turn = await load_turn(self.ws, frame.turn_id, None)
+                # Its catch-up would pass over archived events: refused first (see sse.py).
+                await refuse_archived(self.ws, after or Checkpoint(), turn.turn_id)
             except ApiError as e:
                 self.error(e.code, e.message, e.hint, sub=sub_id)
                 return
@@ -318,7 +328,9 @@ class Socket:
             ):
                 self.error(problem.code, problem.message, problem.hint, sub=sub_id)
                 return
-            if self._refuses_agent(frame.agent_id, ref=None, sub=sub_id):
+            if self._refuses_agent(frame.agent_id, ref=None, sub=sub_id) or (
+                after is not None and await self._archived(after, sub_id)
+            ):
                 return
             scope = Scope(agent_id=frame.agent_id, session_key=frame.session_key, types=types,
                           chunks=chunks, reasoning=reasoning)  # fmt: skip
@@ -336,6 +348,16 @@ class Socket:
         task = asyncio.create_task(pump, name=f"ws-{sub_id}")
         task.add_done_callback(_log_failure)
         self.subs[sub_id] = task
+
+    async def _archived(self, after: Checkpoint, sub_id: str) -> bool:
+        """Whether a catch-up from ``after`` would pass over archived events: then refused
+        (``cursor_archived``), as the SSE streams refuse it."""
+        try:
+            await refuse_archived(self.ws, after)
+        except ApiError as e:
+            self.error(e.code, e.message, e.hint, sub=sub_id)
+            return True
+        return False
 
     async def _pump(
         self, sub_id: str, scope: Scope, after: Checkpoint | None, terms: Terms

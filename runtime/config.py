@@ -85,6 +85,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """How often the outbox looks for due items when nothing woke it (DISPACH_OUTBOX_POLL_MS)."""
     agents_dir: Path | None = None
     """Where agent manifests live (DISPACH_AGENTS; default: <home>/agents)."""
+    retention_turns_days: float | None = None
+    """``retention.turns_days``: whole partitions of the log whose every event is older than
+    this many days are archived and dropped, by one node of the deployment
+    (DISPACH_RETENTION_TURNS_DAYS; unset: the log keeps everything). See eventstore/archive.py
+    for what is never archived."""
+    retention_keep_sessions_active: bool = True
+    """``retention.keep_sessions_active``: never archive a partition holding events of a
+    session with a turn inside the retention (DISPACH_RETENTION_KEEP_SESSIONS_ACTIVE=false to
+    archive them anyway; such a session's notes then answer ``cursor_archived``)."""
+    archive_dir: Path | None = None
+    """Where archives are written (DISPACH_ARCHIVE_DIR; default: <home>/archives)."""
+
+    @property
+    def archives_path(self) -> Path:
+        return self.archive_dir if self.archive_dir is not None else self.home / "archives"
 
     @property
     def agents_path(self) -> Path:
@@ -145,6 +160,14 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "agents_dir": Path(env["DISPACH_AGENTS"]).expanduser()
         if env.get("DISPACH_AGENTS")
         else None,
+        "retention_turns_days": _float(env, "DISPACH_RETENTION_TURNS_DAYS", 0.0) or None,
+        "retention_keep_sessions_active": env.get("DISPACH_RETENTION_KEEP_SESSIONS_ACTIVE", "true")
+        .strip()
+        .lower()
+        not in ("false", "0", "no"),
+        "archive_dir": Path(env["DISPACH_ARCHIVE_DIR"]).expanduser()
+        if env.get("DISPACH_ARCHIVE_DIR")
+        else None,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     if not values["node_id"]:
@@ -169,6 +192,12 @@ def validate(settings: Settings) -> None:
             f"DISPACH_ACCEPT_TIMEOUT_SECONDS={settings.accept_timeout_seconds:g} is under 1",
             "use a whole number of seconds, 1 or more (default 30)",
             "DISPACH_ACCEPT_TIMEOUT_SECONDS",
+        )
+    if settings.retention_turns_days is not None and settings.retention_turns_days < 0:
+        raise ConfigError(
+            f"DISPACH_RETENTION_TURNS_DAYS={settings.retention_turns_days:g} is negative",
+            "use a number of days (e.g. 90), or unset it to keep the whole log",
+            "DISPACH_RETENTION_TURNS_DAYS",
         )
     if not 0 < settings.port < 65536:
         raise ConfigError(

@@ -1,1 +1,2 @@
-SELECT stream_version FROM events WHERE stream_id = %(stream)s ORDER BY stream_version DESC LIMIT 1
+-- The version of a stream's last event, live or archived (events_heads, migration 0014).
+SELECT head FROM events_heads(ARRAY[%(stream)s::text]) WHERE head IS NOT NULL
