@@ -217,6 +217,7 @@ async def test_a_fork_into_another_agent_survives_a_restart_and_a_rebuild(
     fake_anthropic: FakeAnthropic,
     monkeypatch: pytest.MonkeyPatch,
     connect: ConnectFactory,
+    store: EventStore,
 ) -> None:
     api = await start(api_factory, fake_anthropic, monkeypatch)
     turns, firsts = [], []
@@ -257,10 +258,9 @@ async def test_a_fork_into_another_agent_survives_a_restart_and_a_rebuild(
     )}  # fmt: skip
 
     def rebuild_history() -> None:
-        with connect() as conn:
-            for projection in INLINE:
-                if projection.name in ("messages", "sessions"):
-                    rebuild(conn, projection, inline=True)
+        for projection in INLINE:
+            if projection.name in ("messages", "sessions"):
+                rebuild(store, projection, inline=True)
 
     await asyncio.to_thread(rebuild_history)
     assert {name: table(connect, name, order) for name, order in (
