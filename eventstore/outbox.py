@@ -4,6 +4,11 @@ An item is born by ``delivery.enqueued`` in its turn's stream (in the transactio
 ``turn.end``) and lives on in ``outbox-<itemId>``, whose only writer is the outbox actor. The row
 is what the actor works from (which items are due) and what recovery reads after a crash; like
 every projection it can be rebuilt from the log.
+
+A row holds its chunk's text (``body``) only while it may still be sent: the actor reads it from
+pending and in-flight rows alone (actors/outbox/sql/due.sql, inflight.sql), and the deliveries
+page never shows it. The statement that settles an item (sent, failed, uncertain without a
+resend) sets it to NULL; the text stays in the item's ``delivery.enqueued`` (migration 0015).
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ class OutboxProjection:
             case DeliverySent() as e:
                 return [
                     (
-                        """UPDATE outbox SET status = 'sent', attempts = %s,
+                        """UPDATE outbox SET status = 'sent', attempts = %s, body = NULL,
                                   provider_message_id = %s, uncertain = uncertain OR %s,
                                   error_code = NULL, error = NULL, version = %s, updated_at = %s
                             WHERE item_id = %s""",
@@ -110,12 +115,12 @@ class OutboxProjection:
                 return [
                     (
                         """UPDATE outbox SET status = 'failed', attempts = %s, error_code = %s,
-                                  error = %s, version = %s, updated_at = %s
+                                  error = %s, version = %s, updated_at = %s, body = NULL
                             WHERE item_id = %s""",
                         [e.attempts, e.code or None, e.error, event.version, at, item],
                     ),
                     (
-                        """UPDATE outbox o SET status = 'failed', error_code = %s,
+                        """UPDATE outbox o SET status = 'failed', error_code = %s, body = NULL,
                                   error = 'an earlier chunk of this reply failed', updated_at = %s
                              FROM outbox f
                             WHERE f.item_id = %s AND o.group_key = f.group_key
@@ -128,11 +133,12 @@ class OutboxProjection:
                     (
                         """UPDATE outbox SET uncertain = true, attempts = %s,
                                   status = CASE WHEN %s THEN 'pending' ELSE 'uncertain' END,
+                                  body = CASE WHEN %s THEN body END,
                                   next_attempt_at = %s + make_interval(secs => %s / 1000.0),
                                   error_code = %s, error = %s, version = %s, updated_at = %s
                             WHERE item_id = %s""",
-                        [e.attempts, e.resend, at, e.delay_ms, e.code or None, e.error or None,
-                         event.version, at, item],
+                        [e.attempts, e.resend, e.resend, at, e.delay_ms, e.code or None,
+                         e.error or None, event.version, at, item],
                     )
                 ]  # fmt: skip
         return []

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -13,11 +14,11 @@ import click
 import msgspec
 
 from eventstore.errors import DispachError
-from runtime import admin
+from runtime import admin, logcmd
 from runtime import config as config_module
 
 if TYPE_CHECKING:
-    from eventstore import EventStore, Projection
+    from eventstore import EventStore
     from gateways.client import Client, StreamFrame
     from runtime.config import Settings
 
@@ -42,6 +43,9 @@ def main() -> None:
     DATABASE_URL and NATS_URL (unset: embedded Postgres and NATS are started under DISPACH_HOME),
     DISPACH_HOST / DISPACH_PORT (127.0.0.1:7420), DISPACH_API_TOKEN.
     """
+
+
+main.add_command(logcmd.log)
 
 
 @main.command()
@@ -157,13 +161,19 @@ def projections() -> None:
 
 @projections.command("rebuild")
 @click.argument("names", nargs=-1)
-def projections_rebuild(names: tuple[str, ...]) -> None:
-    """Empty projections and rebuild them from the log (all, or NAMES).
+@click.option("--page", type=click.IntRange(min=1), metavar="N",
+              help="Events replayed per transaction (a few thousand by default).")  # fmt: skip
+def projections_rebuild(names: tuple[str, ...], page: int | None) -> None:
+    """Rebuild projections from the log (all, or NAMES) into new tables, then swap them in.
 
-    Safe while a node runs: an inline projection is rebuilt under a lock its writers wait on;
-    an asynchronous one is reset and caught up, and a running node's runner carries on from it.
+    Safe while a node runs: the log is replayed beside the live tables in short transactions;
+    the swap then locks the live tables only to apply the last events and move the new tables
+    in (writers wait for that alone: its lock time is printed). An asynchronous projection's
+    checkpoint moves with its tables, and a running node's runner carries on from it. A rebuild
+    that is stopped leaves the live tables as they were; run it again.
     """
     from eventstore import ASYNC, INLINE, rebuild
+    from eventstore.projection import REBUILD_PAGE
 
     known = {p.name: (p, True) for p in INLINE} | {p.name: (p, False) for p in ASYNC}
     unknown = [n for n in names if n not in known]
@@ -171,25 +181,31 @@ def projections_rebuild(names: tuple[str, ...]) -> None:
         raise click.ClickException(
             f"no projection named {', '.join(unknown)}; known: {', '.join(sorted(known))}"
         )
-    with _errors(), _store() as (store, _), store.pool.connection() as conn:
+    with _errors(), _store() as (store, _):
         for name in names or sorted(known):
             projection, inline = known[name]
-            applied = rebuild(conn, projection, inline=inline)
-            if inline:
-                click.echo(f"{name}: rebuilt from {applied} events")
-            else:
-                applied = asyncio.run(_catch_up(store, projection))
-                click.echo(f"{name}: reset, then caught up over {applied} events")
+            progress = _every_second(f"{name}: {{}} events applied so far")
+            done = rebuild(
+                store, projection, inline=inline, page=page or REBUILD_PAGE, progress=progress
+            )
+            retried = f", at attempt {done.attempts}" if done.attempts > 1 else ""
+            click.echo(
+                f"{name}: rebuilt from {done.events} events; the swap held its tables' writers "
+                f"for {done.lock_ms:.1f} ms ({done.tail} events applied under the lock{retried})"
+            )
 
 
-async def _catch_up(store: EventStore, projection: Projection) -> int:
-    from eventstore import ProjectionRunner
+def _every_second(line: str) -> Callable[[int], None]:
+    """A progress report that prints ``line`` with the count at most once a second."""
+    last = time.monotonic()
 
-    await store.apool.open()
-    try:
-        return await ProjectionRunner(store, projection).catch_up()
-    finally:
-        await store.apool.close()
+    def report(count: int) -> None:
+        nonlocal last
+        if time.monotonic() - last >= 1.0:
+            last = time.monotonic()
+            click.echo(line.format(count))
+
+    return report
 
 
 @contextmanager
