@@ -28,6 +28,9 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Set by the engine for a keyed message (derived from the key); otherwise minted."""
     request_hash: str | None = None
     """Set by the engine for a keyed message."""
+    traceparent: str | None = None
+    """The W3C trace context the message was sent in, set by the session's owner when tracing
+    is on (actors/tracing.py); stored as the turn.start's ``correlation_id``."""
 
 
 class Accepted(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):

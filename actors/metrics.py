@@ -39,6 +39,14 @@ MODEL_CALL_SECONDS = Histogram(
     buckets=_LONG,
 )
 
+MODEL_TOKENS = Counter(
+    "dispach_model_tokens",
+    "Tokens of model calls, by agent, model and kind: prompt (everything the model read, the "
+    "cache's reads and writes included, as model.result counts it), output, cache_read, "
+    "cache_write.",
+    ["agent", "model", "kind"],
+)
+
 TOOL_CALL_SECONDS = Histogram(
     "dispach_tool_call_seconds",
     "Seconds of one tool call, as recorded in its tool.result (ok, or error/timeout).",

@@ -477,8 +477,11 @@ def _submit(state: SessionState, submit: Submit) -> Decision:
     )
     # 202 means durable: the turn exists once this append has committed. The actor does not
     # wait for the commit (the asker does); the turn starts only after it.
-    append = Append(streams.turn(turn_id), start, _meta(state, turn_id), NO_STREAM,
-                    then=CommitOf(turn_id))  # fmt: skip
+    # The trace context the message came in (tracing on) goes with it: the turn's span, on
+    # whichever node runs or resumes it, is its child (actors/tracing.py).
+    meta = Metadata(agent_id=state.agent_id, session_key=state.session_key, turn_id=turn_id,
+                    correlation_id=submit.traceparent)  # fmt: skip
+    append = Append(streams.turn(turn_id), start, meta, NO_STREAM, then=CommitOf(turn_id))
     if policy != "interrupt":
         return Decision(Accept(turn_id), append, (Queued(turn_id),))
     # Everything ahead of it gives way: the running turn is stopped, and the queued ones (say

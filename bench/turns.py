@@ -1,6 +1,6 @@
 """Benchmark of the turn engine: turns per second through the actors, in one run, on one database.
 
-    .venv/bin/python bench/turns.py [--quick] [--keep] [--no-profile] [--adapters-only]
+    .venv/bin/python bench/turns.py [--quick] [--keep] [--no-profile] [--adapters-only] [--tracing]
 
 Uses DATABASE_URL / NATS_URL when set, else starts the embedded Postgres and NATS in a fresh
 temporary directory (removed afterwards). Every run works in its own schemas ``bench_<hex>`` (the
@@ -23,6 +23,11 @@ bench is a client on the node's own NATS connection and event loop, like the tes
   - a cProfile of the event-loop thread at 16 sessions, phase A;
   - the model adapters (bench/_adapters.py): loop CPU per model call against each provider's
     fake, our parsing apart from the SDK's share, against a bare HTTP read of the same body.
+``--tracing`` measures what tracing (actors/tracing.py) costs instead: phases A and B at 16
+sessions, in windows that alternate tracing off and on in the same node (a shared machine's load
+drifts over minutes; each "on" window is compared with the "off" window just before it). Spans
+go by the real BatchSpanProcessor and OTLP/HTTP exporter to a sink in this process that reads
+each export and discards it (:class:`OtlpSink`). Goal: at most 5 % of the turn rate.
 Goals: issue "turn engine": per-step overhead p50 <= 2 ms; >= 500 single-step turns/s.
 Anchor: the original Dispach (Bun + SQLite, not durable per event) on this machine: ~1,300
 single-step and ~750 one-tool turns/s, ~1 ms of server CPU per turn.
@@ -87,6 +92,7 @@ import psycopg
 import structlog
 from nats.aio.client import Client
 
+from actors import tracing
 from actors.messages import Refused
 from actors.model import ModelEvent, ModelRequest
 from eventstore import Checkpoint, EventStore, RecordedEvent
@@ -140,6 +146,79 @@ class Plan:
 
 FULL = Plan(3.0, 1.0, 8.0, 4.0, 16)
 QUICK = Plan(0.5, 0.3, 2.0, 1.0, 16)
+
+
+class OtlpSink:
+    """An OTLP/HTTP endpoint that takes every export and discards it, counting requests and
+    bytes (a collector's cost is not the node's; the exporter's is)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        sink = self
+        self.requests = 0
+        self.bytes = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                size = int(self.headers.get("Content-Length", "0"))
+                self.rfile.read(size)
+                sink.requests += 1
+                sink.bytes += size
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        # One thread: the exporter sends one batch at a time, and the counts need no lock.
+        self._server = HTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_port}/v1/traces"
+        threading.Thread(target=self._server.serve_forever, name="otlp-sink", daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+TRACING_PAIRS = 5
+TRACING_SESSIONS = 16
+
+
+async def tracing_ab(node: Node, ends: Ends, monitor: Monitor, plan: Plan) -> None:
+    """Tracing off, then on, window after window; per phase, the on/off ratios of turns/s and
+    of the process's CPU per turn (the exporter's thread included), pair by pair and their
+    medians."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    sink = OtlpSink()
+    try:
+        for phase in PHASES:
+            section(f"tracing off vs on: phase {phase.key}, {TRACING_SESSIONS} sessions")
+            rates: list[float] = []
+            cpus: list[float] = []
+            for pair in range(TRACING_PAIRS):
+                off = await run_load(node, ends, monitor, phase, TRACING_SESSIONS, plan,
+                                     f"{phase.key}off{pair}")  # fmt: skip
+                handle = tracing.configure("bench", environ={},
+                                           exporter=OTLPSpanExporter(sink.endpoint))  # fmt: skip
+                assert handle is not None, "tracing was on already (OTEL_* set in the environment?)"
+                try:
+                    on = await run_load(node, ends, monitor, phase, TRACING_SESSIONS, plan,
+                                        f"{phase.key}on{pair}")  # fmt: skip
+                finally:
+                    await asyncio.to_thread(handle.shutdown)
+                rates.append(on.rate / off.rate)
+                cpus.append(on.usage.process_cpu / off.usage.process_cpu)
+                cpu_off, cpu_on = ms(off.usage.process_cpu), ms(on.usage.process_cpu)
+                print(f"pair {pair + 1}: off {rate(off.rate)}, {cpu_off} CPU/turn; "
+                      f"on {rate(on.rate)}, {cpu_on} CPU/turn")  # fmt: skip
+            print(f"median on/off: turns/s {statistics.median(rates):.3f}x, process CPU per turn "
+                  f"{statistics.median(cpus):.3f}x")  # fmt: skip
+        print(f"\nexported: {sink.requests} OTLP requests, {sink.bytes / 1e6:.1f} MB")
+    finally:
+        sink.close()
 
 
 # --- instrumentation (bench side only: no library code is changed) -------------------------------
@@ -905,7 +984,7 @@ def result_lines(
 
 async def bench(
     url: str, nats_url: str, plan: Plan, data_dir: Path | None, nats_pid: int | None,
-    keep: bool, with_profile: bool,
+    keep: bool, with_profile: bool, traced: bool = False,
 ) -> None:  # fmt: skip
     schema = f"bench_{secrets.token_hex(4)}"
     raw_schema = f"{schema}_raw"
@@ -935,6 +1014,12 @@ async def bench(
         timed = TimedModel(agent.model)
         node.agents[AGENT] = dataclasses.replace(agent, model=timed)
         monitor = await asyncio.to_thread(Monitor, url, node, nats_pid, data_dir is not None)
+        if traced:
+            ends = Ends()
+            head = await asyncio.to_thread(store.head)
+            watcher = asyncio.create_task(watch_ends(store, head, ends), name="bench-ends")
+            await tracing_ab(node, ends, monitor, plan)
+            return
 
         await asyncio.to_thread(raw_setup, url, raw_schema)
         section("baseline: raw psycopg single-row INSERT + COMMIT")
@@ -1021,6 +1106,9 @@ def main() -> None:
     parser.add_argument("--no-profile", action="store_true", help="skip the cProfile window")
     parser.add_argument("--adapters-only", action="store_true",
                         help="only the CPU per model call of each provider's adapter")  # fmt: skip
+    parser.add_argument(
+        "--tracing", action="store_true", help="only tracing's cost: windows off and on, paired"
+    )
     args = parser.parse_args()
     if args.adapters_only:
         print_figures(run_loop(all_figures()))
@@ -1031,7 +1119,9 @@ def main() -> None:
 
     with servers() as found:
         run_loop(bench(found.database_url, found.nats_url, plan, found.data_dir, found.nats_pid,
-                       args.keep, not args.no_profile))  # fmt: skip
+                       args.keep, not args.no_profile, args.tracing))  # fmt: skip
+    if args.tracing:
+        return
     # The model adapters against their fakes (no database): CPU per call, ours and the SDK's.
     print_figures(run_loop(all_figures(40 if args.quick else 200)))
     print(f"\ntotal time {perf() - started:.1f} s")

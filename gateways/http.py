@@ -39,6 +39,7 @@ from gateways.origins import Cors, Reach
 from gateways.readiness import Readiness
 from gateways.schemas import Health, Ready
 from gateways.streamtokens import StreamTokens
+from gateways.telemetry import Telemetry
 
 log = structlog.get_logger("dispach.http")
 
@@ -196,10 +197,12 @@ def create_app(
             ClientDisconnect: client_gone,
             Exception: internal_error,
         },
-        # Outermost first: where the request comes from (Host, Origin), then CORS for the
-        # allowed origins (so a preflight needs no token and a refusal is readable by the page),
-        # then what it must carry (a JSON body within the cap, credentials).
+        # Outermost first: what every request leaves behind (metrics, access line, span), then
+        # where it comes from (Host, Origin), then CORS for the allowed origins (so a preflight
+        # needs no token and a refusal is readable by the page), then what it must carry (a
+        # JSON body within the cap, credentials).
         middleware=[
+            Middleware(Telemetry, routes=routes),
             Middleware(
                 Reach, loopback=loopback, allowed_hosts=allowed_hosts, allowed_origins=origins
             ),

@@ -15,7 +15,7 @@ import nats.aio.subscription
 import nats.errors
 import structlog
 
-from actors import idempotency
+from actors import idempotency, tracing
 from actors.bridge import InFlight
 from actors.messages import (
     TOO_DEEP,
@@ -80,7 +80,8 @@ async def request(
     """Submit a message through the NATS door, as an internal producer does (any node of the
     deployment answers; the message then takes the command path to its session's owner)."""
     try:
-        answer = await nc.request(subjects.ingress(agent_id), _ENCODE.encode(message), timeout)
+        answer = await nc.request(subjects.ingress(agent_id), _ENCODE.encode(message), timeout,
+                                  headers=tracing.headers())  # fmt: skip
     except nats.errors.NoRespondersError:
         return Refused(code="no_node", message="no node serves sessions right now",
                        hint="start a node (`dispach serve`) against this NATS")  # fmt: skip
@@ -195,7 +196,9 @@ class Ingress:
 
     async def _handle(self, msg: nats.aio.msg.Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]
-        result = await self._accept(agent_id, msg.data)
+        # A producer's traceparent/tracestate headers, when it sends them and tracing is on.
+        with tracing.attached(msg.headers):
+            result = await self._accept(agent_id, msg.data)
         if msg.reply:
             body = _ENCODE.encode(Error(result) if isinstance(result, Refused) else result)
             with contextlib.suppress(nats.errors.Error):

@@ -6,12 +6,28 @@ exposes all of them (eventstore, actors and gateways alike).
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateways.api import principal
 from gateways.errors import error_response
+
+# Labelled by route template (``/v1/agents/{agent}``), never the raw path: a path names agents,
+# sessions and turns without bound. gateways/telemetry.py observes them.
+HTTP_REQUESTS = Counter(
+    "dispach_http_requests",
+    "HTTP requests answered, by method, route template (unmatched: no route) and status; a "
+    "WebSocket counts once, with status 101 when it was accepted.",
+    ["method", "route", "status"],
+)
+HTTP_REQUEST_SECONDS = Histogram(
+    "dispach_http_request_duration_seconds",
+    "Seconds from a request's arrival to the start of its response (its status and headers): "
+    "for a stream (SSE) that is the time to open it, not its life. WebSockets are not observed.",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
 
 STREAM_SUBSCRIBERS = Gauge(
     "dispach_stream_subscribers",

@@ -22,7 +22,7 @@ import pykka
 import structlog
 import uvicorn
 
-from actors import ActorHost, Portal
+from actors import ActorHost, Portal, tracing
 from actors.agent import Agent
 from actors.bridge import settled
 from actors.cluster.commands import Commands
@@ -42,9 +42,11 @@ from eventstore import (
     RecordedEvent,
     subjects,
 )
+from eventstore.archive import Retention
 from eventstore.catalogue import DeliveryEnqueued
 from eventstore.errors import DispachError
 from eventstore.feed import Feed
+from eventstore.retention import RetentionTask
 from gateways import create_app
 from gateways.http import VERSION
 from gateways.ingress import Ingress
@@ -93,6 +95,7 @@ class Node:
         self._details: dict[str, AgentDetail] = {}
         self.ownership: Ownership | None = None
         self.commands: Commands | None = None
+        self._tracing: tracing.Tracing | None = None
         self._ingress: Ingress | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._announcing: set[asyncio.Task[None]] = set()
@@ -154,6 +157,7 @@ class Node:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._portal = Portal(loop)
+        self._tracing = tracing.configure(self.node_id)  # on when an OTLP endpoint is set
         subjects.use(self.settings.cluster)
         if self.services.needed:
             await asyncio.to_thread(self.services.start)
@@ -229,6 +233,14 @@ class Node:
             lambda: _tell(scheduler, CLOCK_ON),
             lambda: _settle(scheduler, DRAIN, self.settings.drain_seconds),
         )
+        if self.settings.retention_turns_days is not None:  # one node archives (retention.py)
+            keeper = RetentionTask(
+                store.conninfo, store.schema, Retention(
+                    self.settings.retention_turns_days,
+                    self.settings.retention_keep_sessions_active,
+                ), self.settings.archives_path,
+            )  # fmt: skip
+            ownership.singleton("retention", keeper.start, keeper.stop)
         for agent in self.agents.values():
             host = ChannelHost(self.engine, self.commands, agent.id)
             for channel in agent.channels.values():
@@ -371,6 +383,9 @@ class Node:
                 await asyncio.wait_for(self.nc.drain(), timeout)
             self.nc = None
         await asyncio.to_thread(self.services.stop)
+        if self._tracing is not None:  # exports what is buffered (a bounded wait)
+            await asyncio.to_thread(self._tracing.shutdown)
+            self._tracing = None
         self._phase = "stopped"
         log.info("node_stopped", node=self.node_id)
 

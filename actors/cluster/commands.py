@@ -26,6 +26,7 @@ import nats.errors
 import structlog
 from prometheus_client import Counter
 
+from actors import tracing
 from actors.bridge import InFlight
 from actors.cluster.ownership import LOCAL, Ownership
 from actors.engine import Engine
@@ -177,6 +178,8 @@ class Commands:
         async with self._own.serving(partition):
             if not self._own.owns(partition):
                 return Reply(error=moving(self.retry_after))
+            if kind == "submit" and (parent := tracing.traceparent()) is not None:
+                command = msgspec.structs.replace(command, traceparent=parent)
             return await _handle(self._engine, kind, command)
 
     async def _forward(
@@ -184,7 +187,9 @@ class Commands:
     ) -> Reply:
         subject = subjects.node_command(node, kind, partition)
         try:
-            answer = await self._nc.request(subject, _ENCODE.encode(command), timeout)
+            with tracing.forward(kind, node) as headers:  # the trace goes on at the owner
+                answer = await self._nc.request(subject, _ENCODE.encode(command), timeout,
+                                                headers=headers)  # fmt: skip
         except nats.errors.NoRespondersError:  # it is gone, or not listening yet
             return Reply(error=moving(self.retry_after))
         except nats.errors.TimeoutError:
@@ -211,7 +216,8 @@ class Commands:
 
     async def _serve(self, msg: nats.aio.msg.Msg) -> None:
         _, kind, partition = msg.subject.rsplit(".", 2)
-        reply = await self._decode_and_handle(kind, partition, msg.data)
+        with tracing.command(kind, self._own.node_id, msg.headers):
+            reply = await self._decode_and_handle(kind, partition, msg.data)
         if msg.reply:
             try:
                 await msg.respond(_ENCODE.encode(reply))

@@ -29,7 +29,7 @@ from typing import Any
 
 import structlog
 
-from actors import faults
+from actors import faults, tracing
 from actors.bridge import Ask, LoopActor, Portal, answer, settled
 from actors.outbox.channel import Channel, SendResult
 from actors.outbox.metrics import DELIVERIES, DELIVERY_SECONDS, OUTBOX_DEPTH
@@ -271,7 +271,11 @@ class OutboxActor(LoopActor):
                 return  # another sender claimed it: its outcome will be recorded there
             faults.point("delivery.attempted")
             began = time.perf_counter()
-            result = await self._send(channel, item, attempt)
+            turn = await self._turn_context(item.turn_id)
+            with tracing.delivery(channel.type, item.item_id, attempt, turn) as call:
+                result = await self._send(channel, item, attempt)
+                if not result.ok:
+                    call.failed(result.code or "delivery_failed")
             faults.point("delivery.answered")
             outcome = settle(item, channel, attempt, result, self._rng)
             await self._append(stream, meta, outcome, item.version + 1)
@@ -300,6 +304,17 @@ class OutboxActor(LoopActor):
             return SendResult(ok=False, retryable=True, in_doubt=True,
                               code="delivery_transport_threw",
                               error=f"{type(e).__name__}: {e}")  # fmt: skip
+
+    async def _turn_context(self, turn_id: str) -> str | None:
+        """The traceparent the turn's last event was stored with (tracing on only: one read);
+        None when it has none or the read fails (a trace is no reason to hold a delivery)."""
+        if not tracing.ENABLED:
+            return None
+        try:
+            last = await self._store.alast(streams.turn(turn_id))
+        except StoreError:
+            return None
+        return last.metadata.correlation_id if last is not None else None
 
     async def _append(self, stream: str, meta: Metadata, event: Event, expected: int) -> None:
         await settled(self._store.submit(stream, [NewEvent(event=event, metadata=meta)], expected))

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from actors import tracing
 from actors.tools.errors import ToolCallFailed
 from actors.tools.spec import ToolContext, ToolOutcome, ToolOutput, ToolSpec
 
@@ -78,9 +79,13 @@ async def execute_calls(
 
     async def run(index: int) -> None:
         spec, args, ctx = calls[index]
-        outcomes[index] = await execute(
-            spec, args, ctx, timeout_s=timeout_for(spec), max_output_chars=max_output_chars
-        )
+        with tracing.tool_call(spec.name, ctx.call_id) as call:
+            outcome = await execute(
+                spec, args, ctx, timeout_s=timeout_for(spec), max_output_chars=max_output_chars
+            )
+            if not outcome.ok:
+                call.failed(outcome.error_code or "tool_failed")
+        outcomes[index] = outcome
 
     # A TaskGroup owns the parallel reads: if the turn is cancelled, it cancels and awaits them
     # all before the cancellation goes on, so no tool outlives the step that started it.

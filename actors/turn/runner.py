@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -17,9 +18,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import msgspec
+import prometheus_client
 import structlog
 
-from actors import faults, ids
+from actors import faults, ids, tracing
 from actors.agent import Agent
 from actors.bridge import settled
 from actors.context import load as context_load
@@ -28,6 +30,7 @@ from actors.context.compact import Counter, prepare
 from actors.context.history import Entry, History, entry
 from actors.metrics import (
     MODEL_CALL_SECONDS,
+    MODEL_TOKENS,
     STEP_SECONDS,
     TOOL_CALL_SECONDS,
     TURNS_ENDED,
@@ -149,6 +152,26 @@ class StoreArtifacts:
         return await context_load.artifact(self._store, self._agent_id, self._session_key, obs_id)
 
 
+@functools.cache
+def _token_series(agent_id: str, model: str) -> tuple[prometheus_client.Counter, ...]:
+    """The four ``dispach_model_tokens_total`` series of an agent's model, looked up once."""
+    kinds = ("prompt", "output", "cache_read", "cache_write")
+    return tuple(MODEL_TOKENS.labels(agent_id, model, kind) for kind in kinds)
+
+
+def _count_tokens(agent: Agent, completed: Completed) -> None:
+    """``dispach_model_tokens_total``, once per model call (a reply discarded to be asked
+    again included: its tokens were spent). ``prompt`` is everything the model read, as in
+    ``model.result``: the cache's reads and writes are part of it."""
+    usage = completed.usage
+    series = _token_series(agent.id, agent.model_id)
+    counts = (usage.prompt_tokens, usage.output_tokens, usage.cache_read_tokens,
+              usage.cache_write_tokens)  # fmt: skip
+    for counter, tokens in zip(series, counts, strict=True):
+        if tokens:
+            counter.inc(tokens)
+
+
 class TurnRunner:
     def __init__(
         self,
@@ -188,6 +211,7 @@ class TurnRunner:
         self._in_flight: list[Future[AppendResult]] = []
         self._started_at = datetime.now(UTC)
         self._notes = StoreNotes(store, agent.id, session_key, turn_id)
+        self._trace: tracing.Untraced = tracing.UNTRACED
 
     def stopping(self) -> bool:
         """Whether a stop was asked for (a method: it changes across awaits)."""
@@ -207,8 +231,9 @@ class TurnRunner:
         start of the node."""
         with TURNS_RUNNING.track_inprogress():
             for attempt in range(_STORE_RETRIES):
+                reason: str | None = None
                 try:
-                    return await self._run()
+                    reason = await self._run()
                 except StoreError as e:
                     if isinstance(e, WrongExpectedVersion) or attempt == _STORE_RETRIES - 1:
                         raise
@@ -217,6 +242,11 @@ class TurnRunner:
                     self._known = None
                     self._staged, self._in_flight, self._unflushed = [], [], []
                     self._in_model_call = False
+                else:
+                    return reason
+                finally:  # a run that did not reach _finish: parked, taken over, cut short
+                    self._trace.end(reason, self.state.steps)
+                    self._trace = tracing.UNTRACED
         return None
 
     async def _run(self) -> str | None:
@@ -230,6 +260,7 @@ class TurnRunner:
         self._sent_version = self.state.version
         if self.state.ended is not None:
             return self.state.ended
+        self._traced(stored[0])
         if self.stopping():  # stopped before it began
             await self._finish(End("stopped"))
             return "stopped"
@@ -278,6 +309,16 @@ class TurnRunner:
         if history is not None:
             self.history_after = await self._after(history, end)
         return end.reason
+
+    def _traced(self, start: RecordedEvent) -> None:
+        """This run's trace: a child of the context that asked for the turn (stored with its
+        turn.start). The turn's events carry the turn's own, for what follows it (its
+        deliveries). Nothing changes with tracing off."""
+        self._trace = tracing.turn(start.metadata.correlation_id, self.agent.id,
+                                   self.session_key, self.turn_id, self.node_id,
+                                   self.state.attempt + 1)  # fmt: skip
+        if self._trace.traceparent is not None:
+            self._meta = msgspec.structs.replace(self._meta, correlation_id=self._trace.traceparent)
 
     async def _after(self, history: History, end: End) -> History:
         """The session's history for its next turn: this turn's rows added, its end noted."""
@@ -330,6 +371,7 @@ class TurnRunner:
             if pending:
                 ended = await self._run_tools(pending)
                 step.done()
+                self._trace.step_done()
                 after = ended or after_tools(self.state, limits)
                 if isinstance(after, End):
                     return after
@@ -341,12 +383,15 @@ class TurnRunner:
                 decided = after_model(self.state, reply, self.state.last_finish_reason, limits)
                 if isinstance(decided, End):
                     step.done()
+                    self._trace.step_done()
                     return decided
             step.start()
+            self._trace.step(self.state.steps + 1)
             completed = await self._call_model(history)
             decided = after_model(self.state, completed.content, completed.stop_reason, limits)
             if isinstance(decided, End):
                 step.done()
+                self._trace.step_done()
                 return decided
             assert isinstance(decided, RunTools)
 
@@ -412,6 +457,7 @@ class TurnRunner:
         last_flush = started
         completed: Completed | None = None
         early = asyncio.get_running_loop().call_later(_CALL_SEND_S, self._send_staged)
+        self._trace.model_call(agent.model.label, agent.model_id)
         try:
             async for event in agent.model.stream(request):
                 match event:
@@ -438,16 +484,19 @@ class TurnRunner:
                     "model_stream_incomplete", "the model's stream ended without a final message",
                     "retry the message; if it keeps happening, check the model provider's status",
                 )  # fmt: skip
-        except ModelError:
+        except ModelError as e:
             # A stop or a timeout (a cancellation) is not the model's failure: not observed.
             MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="error").observe(
                 time.monotonic() - started
             )
+            self._trace.model_failed(e.code)
             raise
         finally:
             early.cancel()
         self._latency = time.monotonic() - started
         MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(self._latency)
+        self._trace.model_done(completed.usage, completed.stop_reason)
+        _count_tokens(agent, completed)
         if completed.usage.prompt_tokens:
             history.calibrate(estimate, completed.usage.prompt_tokens)
         # Staged, not appended: the reply goes to the log with whatever follows it (the step's
@@ -522,11 +571,12 @@ class TurnRunner:
         calls = [(spec, block.get("input") or {}, block["id"]) for block, spec in step.start]
         calls += [(spec, call.args, call.call_id) for call, spec in step.rerun]
         if calls:
-            outcomes = await execute_calls(
-                [(spec, args, self._tool_context(call_id)) for spec, args, call_id in calls],
-                timeout_for=lambda s: s.timeout_s or self.agent.limits.tool_timeout_s,
-                max_output_chars=self.agent.limits.max_tool_output_chars,
-            )
+            with self._trace.current():  # the calls' spans are the step's children
+                outcomes = await execute_calls(
+                    [(spec, args, self._tool_context(call_id)) for spec, args, call_id in calls],
+                    timeout_for=lambda s: s.timeout_s or self.agent.limits.tool_timeout_s,
+                    max_output_chars=self.agent.limits.max_tool_output_chars,
+                )
             for (spec, _, _), o in zip(calls, outcomes, strict=True):
                 outcome = "ok" if o.ok else "error"
                 TOOL_CALL_SECONDS.labels(tool=spec.name, outcome=outcome).observe(
@@ -626,6 +676,7 @@ class TurnRunner:
             duration_ms=duration, text=text, error=end.error,
         ))  # fmt: skip
         await self._append(events)
+        self._trace.end(end.reason, state.steps, end.error.code if end.error else None)
         TURNS_ENDED.labels(agent=self.agent.id, reason=end.reason).inc()
         faults.point("turn.ended")
 
