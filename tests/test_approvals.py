@@ -161,7 +161,8 @@ async def test_the_wait_survives_a_restart_and_a_websocket_answers_it(
         await ws.send(json.dumps({"type": "approve", "approvalId": approval["approvalId"],
                                   "granted": True, "ref": "a1"}))  # fmt: skip
         frames = [json.loads(await ws.recv()) for _ in range(2)]
-    answered = next(f for f in frames if f["type"] == "ws.approved")
+    answered = next((f for f in frames if f["type"] == "ws.approved"), None)
+    assert answered is not None, frames  # an error frame names its code
     assert answered["granted"] is True and answered["ref"] == "a1"
     events = await wait_end(api.node, accepted.turn_id)
     assert events[-1].data.reason == "final"  # type: ignore[union-attr]
