@@ -17,15 +17,16 @@ still saw the events; it may be refused too (nothing is skipped either way).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
 import psycopg_pool
 
 from eventstore.envelope import Checkpoint, RecordedEvent
-from eventstore.errors import CursorArchived
+from eventstore.errors import CursorArchived, StoreUnavailable
 
 TTL = 1.0
 """Seconds a store trusts the ranges it loaded."""
@@ -100,7 +101,7 @@ class Archived:
         if self._fresh():
             return self._ranges
         started = time.monotonic()
-        with pool.connection() as conn:
+        with _reading(), pool.connection() as conn:
             return self._keep(conn.execute(_RANGES).fetchall(), started)
 
     async def aranges(
@@ -109,9 +110,10 @@ class Archived:
         if self._fresh():
             return self._ranges
         started = time.monotonic()
-        async with pool.connection() as conn:
-            cur = await conn.execute(_RANGES)
-            return self._keep(await cur.fetchall(), started)
+        with _reading():
+            async with pool.connection() as conn:
+                cur = await conn.execute(_RANGES)
+                return self._keep(await cur.fetchall(), started)
 
     def check(self, pool: psycopg_pool.ConnectionPool[psycopg.Connection[Any]],
               after: Checkpoint) -> None:  # fmt: skip
@@ -154,11 +156,12 @@ class Archived:
     ) -> None:
         if not candidates or not turn_ids:
             return
-        async with pool.connection() as conn:
-            cur = await conn.execute(
-                _TURNS_ARCHIVED, [list(turn_ids), [r.archive_id for r in candidates]]
-            )
-            row = await cur.fetchone()
+        with _reading():
+            async with pool.connection() as conn:
+                cur = await conn.execute(
+                    _TURNS_ARCHIVED, [list(turn_ids), [r.archive_id for r in candidates]]
+                )
+                row = await cur.fetchone()
         if row is not None:
             raise next(r for r in candidates if r.archive_id == row[0]).refusal()
 
@@ -170,9 +173,10 @@ class Archived:
         ranges = await self.aranges(pool)
         if not ranges or (events and events[0].version == from_version):
             return
-        async with pool.connection() as conn:
-            cur = await conn.execute(_ARCHIVED_HEAD, [stream])
-            row = await cur.fetchone()
+        with _reading():
+            async with pool.connection() as conn:
+                cur = await conn.execute(_ARCHIVED_HEAD, [stream])
+                row = await cur.fetchone()
         if stream_gap(events, from_version, None if row is None else int(row[0])):
             raise _stream_refusal(ranges, stream, events)
 
@@ -183,10 +187,23 @@ class Archived:
         ranges = self.ranges(pool)
         if not ranges or (events and events[0].version == from_version):
             return
-        with pool.connection() as conn:
+        with _reading(), pool.connection() as conn:
             row = conn.execute(_ARCHIVED_HEAD, [stream]).fetchone()
         if stream_gap(events, from_version, None if row is None else int(row[0])):
             raise _stream_refusal(ranges, stream, events)
+
+
+@contextlib.contextmanager
+def _reading() -> Iterator[None]:
+    """A driver error of these lookups is the store's: ``StoreUnavailable``, as for the reads
+    they guard (a caller answers 503, never 500)."""
+    try:
+        yield
+    except psycopg.Error as e:
+        raise StoreUnavailable(
+            f"cannot read the log's archives: {e}".strip(),
+            "the database is down or overloaded; the read can be retried",
+        ) from e
 
 
 def _stream_refusal(ranges: Sequence[ArchivedRange], stream: str,
