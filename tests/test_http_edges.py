@@ -1,6 +1,7 @@
 """The HTTP server's edges, on raw sockets against a real ``dispach serve``: read timeouts
 (slowloris heads and bodies), the cap on connections per client address, and the error envelope
-for what no route sees (malformed HTTP, an oversized head, a bad WebSocket handshake).
+for what no route sees (malformed HTTP, an oversized head, a bad WebSocket handshake), and a
+response's head written with its body.
 
 One node serves the whole module, with short timeouts and a small cap. Each test connects from
 an address of its own in 127.0.0.0/8 (Linux routes all of it to loopback), so what one test holds
@@ -297,6 +298,45 @@ def test_keep_alive_requests_are_served_as_before(node: Serve) -> None:
             assert chunk, f"closed after {data!r}"
             data += chunk
         assert data.count(b"HTTP/1.1 200 OK\r\n") == 2, data
+
+
+def test_a_response_leaves_in_one_write(node: Serve) -> None:
+    """The head waits for the body and goes out with it (gateways/protocol.py): the first read
+    of the answer holds all of it. (Two writes would make the first read return the head alone
+    whenever the client reads between them.)"""
+    with connect(node, "127.0.0.35") as sock:
+        for _ in range(20):
+            sock.sendall(get("/v1/health"))
+            sock.settimeout(10)
+            first = sock.recv(65536)
+            status, headers, body = split(first)
+            assert status == 200 and int(headers["content-length"]) == len(body), first
+            assert json.loads(body)["status"] == "ok"
+
+
+def test_a_100_continue_comes_before_the_body_is_sent(node: Serve) -> None:
+    """A client that asks ``Expect: 100-continue`` gets the interim answer once the handler
+    reads the body (it is the cycle's first write, held only to the end of the loop's step),
+    then the answer to what it sends."""
+    body = json.dumps({"text": "hello", "sessionKey": "continue"}).encode()
+    head = "\r\n".join([
+        "POST /v1/agents/assistant/messages HTTP/1.1", "Host: 127.0.0.1",
+        "Content-Type: application/json", f"Content-Length: {len(body)}",
+        "Expect: 100-continue", "", "",
+    ]).encode()  # fmt: skip
+    with connect(node, "127.0.0.36") as sock:
+        sock.sendall(head)
+        sock.settimeout(10)
+        interim = b""
+        while b"\r\n\r\n" not in interim:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed before the interim answer: {interim!r}"
+            interim += chunk
+        assert interim == b"HTTP/1.1 100 Continue\r\n\r\n", interim
+        sock.sendall(body)
+        status, _, answer = read_answer(sock)
+        assert status == 202, answer
+        assert json.loads(answer)["sessionKey"] == "continue"
 
 
 # ---- the settings ---------------------------------------------------------------------------
