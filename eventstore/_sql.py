@@ -10,19 +10,25 @@ from importlib import resources
 from typing import Any
 
 import msgspec
+import psycopg.types.json
 
 from eventstore.envelope import Metadata, RecordedEvent
 from eventstore.errors import InvalidSchema
 from eventstore.event import decode_data
 
 _META = msgspec.json.Decoder(Metadata)
+
+# JSON parameters (``Jsonb``) and json/jsonb columns through msgspec instead of the standard
+# library's json, psycopg's default: the projections' statements carry JSON in every append, and
+# the turn resource reads two json columns per GET.
+psycopg.types.json.set_json_dumps(msgspec.json.Encoder().encode)
+psycopg.types.json.set_json_loads(msgspec.json.decode)
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 # The column list every event read selects, in this order (see sql/read_*.sql).
 EventRow = tuple[str, int, int, str, uuid.UUID, str, str, str, datetime]
 
 
-@functools.cache
 @functools.cache
 def load(name: str) -> str:
     """The text of ``sql/<name>.sql``, read once (reads call this for every query)."""
