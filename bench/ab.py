@@ -7,10 +7,11 @@ timeouts...) is smaller than the drift of a shared 2-core machine between two ru
 So both trees are measured in the same run, alternated A B B A A B ..., each round a fresh
 ``dispach serve`` (its own schema and home, the same Postgres and NATS) under the shared load
 driver: ``seq`` (one turn at a time: accept p50/p99, end-to-end p50) then ``burst`` (16
-submitters, 16 sessions: turns/s, accept p50). The baseline tree is a detached ``git worktree``
-of ``--baseline`` in a temporary directory, run by this interpreter with its packages first on
-``PYTHONPATH`` (the same dependencies; only our code differs). Prints each round, then per tree
-the median of its rounds and the ratio this tree / baseline.
+submitters, 16 sessions: turns/s, accept p50, the server process's CPU per turn). The baseline
+tree is a detached ``git worktree`` of ``--baseline`` in a temporary directory, run by this
+interpreter with its packages first on ``PYTHONPATH`` (the same dependencies; only our code
+differs). Prints each round, then per tree the median of its rounds and the ratio this tree /
+baseline. The servers log at ``warning``: an access line per request is not measured here.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ FIGURES = (
     ("end-to-end p50 (seq)", "ms"),
     ("accept p50 (burst)", "ms"),
     ("burst turns/s", "/s"),
+    ("server CPU per turn (burst)", "ms"),
 )
 
 
@@ -97,6 +99,7 @@ async def one_round(tree: Tree, url: str, nats_url: str, turns: int, work: Path)
         seq["e2e_ms"]["p50"],
         burst["accept_ms"]["p50"],
         burst["turns_per_s_wall"],
+        burst["cpu_s"]["server"] * 1000 / turns,
     ]
 
 
