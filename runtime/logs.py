@@ -40,7 +40,7 @@ def configure(format: str = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=[*shared, *exceptions, line, _as_bytes],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.BytesLoggerFactory(sys.stderr.buffer),
+        logger_factory=structlog.BytesLoggerFactory(_binary(sys.stderr)),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
@@ -64,6 +64,24 @@ def configure(format: str = "auto", level: str = "info") -> None:
 
 
 _ENCODE = msgspec.json.Encoder(enc_hook=str).encode
+
+
+def _binary(stream: Any) -> Any:
+    """The byte stream under a text stream (stderr's buffer), or a writer of bytes into the
+    text stream itself when it has none (an embedding that replaced stderr with a StringIO)."""
+    buffer = getattr(stream, "buffer", None)
+    return buffer if buffer is not None else _TextSink(stream)
+
+
+class _TextSink:
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, data: bytes) -> None:
+        self._stream.write(data.decode())
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 def _json(obj: Any, **_: Any) -> bytes:
