@@ -19,9 +19,13 @@ A turn this node runs is also held in memory as the writer commits it (:meth:`Fe
 handed the node's own commits on the loop, in commit order): a reader of that turn gets what
 memory holds at once, without a query, and its catch-up from Postgres starts after it. Memory
 serves a turn only while it holds the turn's stream complete, from its first event without a
-gap; the catch-up still runs, because a committed event can reach the tail before the writer's
+gap, and it holds with it the node's events on other streams that carry the turn's id (a note
+the turn's tool writes on the session's stream): the turn's scope is every event with its id,
+and the catch-up starts after the last event memory held, so memory must hold all of the scope
+up to there. Those come through the same writer, so in the same order as the log's. The
+catch-up still runs, because a committed event can reach the tail before the writer's
 hand-over reaches memory (the tail reads after a hint or a poll), and the turn may have moved on
-on another node.
+on another node (whose appends, behind the ownership fence, all come after this node's last).
 """
 
 from __future__ import annotations
@@ -206,21 +210,32 @@ class Feed:
         self._starting = asyncio.Lock()
         self._idle: asyncio.TimerHandle | None = None
         self._recent: OrderedDict[str, list[RecordedEvent]] = OrderedDict()
+        """Per turn stream: the turn's events this node committed, in commit order."""
+        self._heads: dict[str, int] = {}
+        """Per turn stream held: the version of its last event."""
         self._held = 0
 
     def remember(self, committed: Sequence[RecordedEvent]) -> None:
         """This node's own commits, in commit order (on the loop): turn streams are held while
-        complete from their first event, up to ``_RECENT_EVENTS`` events in all."""
+        complete from their first event, with the events of other streams that carry a held
+        turn's id, up to ``_RECENT_EVENTS`` events in all."""
         for event in committed:
-            if not event.stream.startswith(_TURN_STREAM):
-                continue
-            held = self._recent.get(event.stream)
-            if held is None:
-                if event.version != 0:
-                    continue  # begun elsewhere (a resumed turn): Postgres has its start
-                held = self._recent[event.stream] = []
-            elif held[-1].version + 1 != event.version:
-                self._forget(event.stream)  # a gap: another node wrote to it meanwhile
+            if event.stream.startswith(_TURN_STREAM):
+                stream = event.stream
+                held = self._recent.get(stream)
+                if held is None:
+                    if event.version != 0:
+                        continue  # begun elsewhere (a resumed turn): Postgres has its start
+                    held = self._recent[stream] = []
+                elif self._heads[stream] + 1 != event.version:
+                    self._forget(stream)  # a gap: another node wrote to it meanwhile
+                    continue
+                self._heads[stream] = event.version
+            elif event.metadata.turn_id is not None:
+                held = self._recent.get(_TURN_STREAM + event.metadata.turn_id)
+                if held is None:
+                    continue  # a turn memory does not serve
+            else:
                 continue
             held.append(event)
             self._held += 1
@@ -229,6 +244,7 @@ class Feed:
 
     def _forget(self, stream: str) -> None:
         self._held -= len(self._recent.pop(stream, ()))
+        self._heads.pop(stream, None)
 
     def recent(self, turn_id: str, after: Checkpoint) -> list[RecordedEvent] | None:
         """The turn's events after ``after`` from memory, or None when memory does not hold

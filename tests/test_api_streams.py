@@ -187,6 +187,35 @@ async def test_a_reader_after_the_end_gets_every_stored_event_then_the_server_cl
     assert ended.data == {"turnId": turn_id, "status": "final", "steps": 2}
 
 
+NOTER = """\
+id: noter
+name: Takes a note, then answers
+model:
+  provider: scripted
+  script:
+    - {match: ".", tool: session_notes, input: {action: append, text: "prefers tea"}}
+tools: [session_notes]
+"""
+
+
+@pytest.mark.asyncio
+async def test_a_reader_after_the_end_gets_the_turns_events_on_other_streams(
+    api_factory: ApiFactory,
+) -> None:
+    """The note the turn's tool writes is on the session's stream, with the turn's id: a reader
+    of the turn gets it in its place in the log's order, also from the node that ran the turn
+    (which serves the turn's start from memory)."""
+    api_factory.write_agent("noter", NOTER)
+    api = await api_factory.start()
+    async with client(api) as http:
+        turn_id = await post(http, "noter", "remember that I like tea")
+        await wait_end(api.node, turn_id)
+        frames = await read_sse(http, f"/v1/agents/noter/turns/{turn_id}/stream")
+        events = await stored(http, "noter", turn_id)
+    assert "session.note" in [e["type"] for e in events]
+    assert [f.id for f in events_of(frames)] == cursors(events, chunks=False)
+
+
 # --- 2. resume mid-stream ------------------------------------------------------------------------
 
 

@@ -86,3 +86,23 @@ async def test_memory_is_bounded_and_lets_the_oldest_turns_go_first(
     held = [n for n in range(turns) if feed.recent(f"b{n}", START) is not None]
     assert held == list(range(turns - _RECENT_EVENTS // size, turns))
     assert sum(len(feed.recent(f"b{n}", START) or []) for n in held) <= _RECENT_EVENTS
+
+
+@pytest.mark.asyncio
+async def test_a_reader_from_memory_also_gets_the_turns_events_on_other_streams(
+    live: LiveStore, feed: Feed
+) -> None:
+    """A turn's scope is every event with its id, whatever the stream (a note the turn's tool
+    writes on the session's stream): a reader served from memory gets those between the held
+    events too, in the log's order."""
+    first = await append(live, "o", 2, NO_STREAM)
+    note = await live.store.aappend("session-ag-s", batch(1, "o"), NO_STREAM)
+    second = await append(live, "o", 2, 1)
+    for committed in (first, note, second):
+        feed.remember(committed.events)
+    expected = [*first.events, *note.events, *second.events]
+
+    async with feed.subscribe(Scope(turn_id="o"), START) as sub:
+        shown = sub.start_after(feed.recent("o", START) or [])
+        rest = await take(sub, max(0, len(expected) - len(shown)))
+    assert ids([*shown, *rest]) == ids(expected)
