@@ -21,6 +21,8 @@ import pytest
 
 from eventstore import (
     INLINE,
+    START,
+    Checkpoint,
     EventStore,
     ProjectionRunner,
     SessionsProjection,
@@ -76,6 +78,7 @@ class Traffic:
         self.turns = 0  # begun, each with one turn.start
         self.arrivals: list[float] = []
         self.seen: set[uuid.UUID] = set()
+        self.last: Checkpoint | None = None
 
     async def write(self, first: int) -> None:
         n = first
@@ -96,6 +99,23 @@ class Traffic:
         async for event in self.store.subscribe(await self.store.ahead()):
             self.arrivals.append(time.perf_counter())
             self.seen.add(event.event_id)
+            self.last = event.checkpoint
+
+    async def explain_missing(self, reader: asyncio.Task[None]) -> str:
+        """What became of written events the stream did not deliver (empty when none): whether
+        the reader still runs, and where the log has them against the reader's checkpoint."""
+        missing = self.written - self.seen
+        if not missing:
+            return ""
+        failed = reader.exception() if reader.done() and not reader.cancelled() else None
+        found: dict[uuid.UUID, Checkpoint] = {}
+        after = START
+        while page := await self.store.aread_all(after, 1000):
+            found.update((e.event_id, e.checkpoint) for e in page if e.event_id in missing)
+            after = page[-1].checkpoint
+        return (f"{len(missing)} not streamed; reader running: {not reader.done()}, failed: "
+                f"{failed!r}; its last checkpoint {self.last}; in the log at "
+                f"{sorted(found.values())}")  # fmt: skip
 
     def during(self, began: float, ended: float) -> tuple[float, float, int]:
         """Worst append latency, longest wait between two stream events, events streamed."""
@@ -139,6 +159,7 @@ async def test_a_rebuild_under_traffic_keeps_appends_fast_and_the_stream_flowing
     deadline = time.monotonic() + 10
     while not traffic.written <= traffic.seen and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+    missing = await traffic.explain_missing(tasks[0])
     tasks[0].cancel()
     slowest, gap, streamed = traffic.during(began, ended)
     print(f"rebuild {ended - began:.2f} s: {turns} {sessions}; slowest append {slowest * 1000:.0f}"
@@ -146,7 +167,7 @@ async def test_a_rebuild_under_traffic_keeps_appends_fast_and_the_stream_flowing
     assert turns.events > 5000 and sessions.events > 1500
     assert slowest < APPEND_BOUND_S, f"DISPACH_SEED={seed}"
     assert gap < STREAM_GAP_BOUND_S and streamed > 0
-    assert traffic.written <= traffic.seen
+    assert traffic.written <= traffic.seen, f"DISPACH_SEED={seed}: {missing}"
 
     # Quiet now: the tables the swaps put in, and kept up since, are what a replay makes.
     tables = (("turns", "turn_id"), ("sessions", "agent_id, session_key"))

@@ -366,7 +366,7 @@ async def test_the_otlp_endpoint_receives_the_spans_with_the_service_and_node_na
         await api.node.stop()  # exports what is buffered and turns tracing off
         assert not tracing_on()
     finally:
-        server.shutdown()
+        await asyncio.to_thread(server.shutdown)  # it waits up to serve_forever's 0.5 s poll
         server.server_close()
     names = [name for _, _, spans in received for name in spans]
     model = api.node.agents["assistant"].model_id

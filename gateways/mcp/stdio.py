@@ -63,7 +63,10 @@ async def stdio_transport(
         async with incoming:
             try:
                 async for line in _lines(TextReceiveStream(process.stdout), max_message):
-                    await incoming.send(_message(line))
+                    if len(line) <= INLINE_PARSE:
+                        await incoming.send(_message(line))
+                    else:
+                        await incoming.send(await anyio.to_thread.run_sync(_message, line))
             except MessageTooLarge as e:
                 with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                     await incoming.send(e)
@@ -119,6 +122,12 @@ async def _lines(chunks: AsyncIterator[str], limit: int) -> AsyncIterator[str]:
                 raise MessageTooLarge(
                     f"the server sent a message of more than {limit // (1024 * 1024)} MiB"
                 )
+
+
+INLINE_PARSE = 256 * 1024
+"""Characters of a message parsed on the event loop; a larger one is parsed in a worker thread
+(the loop goes on serving meanwhile): pydantic took 0.55-0.74 s to validate a 50 MB result, one
+step of the loop that every request of the node waited behind."""
 
 
 def _message(line: str) -> SessionMessage | Exception:
