@@ -216,6 +216,28 @@ async def test_a_reader_after_the_end_gets_the_turns_events_on_other_streams(
     assert [f.id for f in events_of(frames)] == cursors(events, chunks=False)
 
 
+def subscribed(kind: str) -> float:
+    return REGISTRY.get_sample_value("dispach_stream_subscribers", {"kind": kind}) or 0.0
+
+
+@pytest.mark.asyncio
+async def test_a_reader_that_leaves_frees_its_subscription_at_once(slow: ApiServer) -> None:
+    """A client that closes an SSE stream while nothing is being sent (the firehose between
+    events, a turn stream between deltas) is noticed at once, not at the next heartbeat 15 s
+    later: the stream's task ends and its subscription closes, and its turn goes on."""
+    before = {kind: subscribed(kind) for kind in ("sse_events", "sse_turn")}
+    async with client(slow) as http:
+        turn_id = await post(http, "helper", "talk")
+        await read_sse(http, f"/v1/agents/helper/turns/{turn_id}/stream",
+                       stop=lambda f: f.event == "stream.replay")  # fmt: skip
+        await read_sse(http, "/v1/events", stop=lambda f: f.event == "stream.subscribed")
+        async with asyncio.timeout(5):
+            while {kind: subscribed(kind) for kind in before} != before:
+                await asyncio.sleep(0.02)
+        assert await status(http, turn_id) == "running"
+    await wait_end(slow.node, turn_id)
+
+
 # --- 2. resume mid-stream ------------------------------------------------------------------------
 
 
