@@ -125,6 +125,11 @@ class EventStream(StreamingResponse):
                 raise
         finally:
             watcher.cancel()
+            # Cancelled while a frame was being sent (a slow client), the frames' generator
+            # still waits at its yield: closed here, its subscription closes now.
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
 
 
 PING = b": ping\n\n"
