@@ -101,7 +101,11 @@ class EventStream(StreamingResponse):
     disconnect in a task group whose cancel scopes, task lookups and task reprs cost a streamed
     turn 7 % of its CPU (py-spy, a closed-loop run). When the client leaves, the watcher cancels
     the streaming task, which ends the frames' generator at the await it is in (so its
-    subscription closes); a cancellation from elsewhere (the server stopping) goes on up."""
+    subscription closes); a cancellation from elsewhere (the server stopping) goes on up. A
+    cancellation can be swallowed by a wait that finished at the same moment (``wait_for`` in
+    Python 3.11 does that: a busy firehose wakes every few milliseconds), where a cancel scope
+    would cancel again at the next wait: so the loop also stops at the next frame once the
+    client has left, and at the latest at the next heartbeat."""
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         streaming = asyncio.current_task()
@@ -119,14 +123,22 @@ class EventStream(StreamingResponse):
 
         watcher = asyncio.get_running_loop().create_task(watch(), name="sse-watch")
         try:
-            await self.stream_response(send)
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})  # fmt: skip
+            async for chunk in self.body_iterator:
+                if left:
+                    break
+                body = chunk.encode(self.charset) if isinstance(chunk, str) else chunk
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            else:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not left or streaming.uncancel() > 0:
                 raise
         finally:
             watcher.cancel()
-            # Cancelled while a frame was being sent (a slow client), the frames' generator
-            # still waits at its yield: closed here, its subscription closes now.
+            # Left (or cancelled while a frame was being sent), the frames' generator still
+            # waits at its yield: closed here, its subscription closes now.
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
                 await close()
