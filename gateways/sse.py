@@ -126,7 +126,8 @@ class EventStream(StreamingResponse):
             await send({"type": "http.response.start", "status": self.status_code,
                         "headers": self.raw_headers})  # fmt: skip
             async for chunk in self.body_iterator:
-                if left:
+                if left:  # the cancellation was swallowed: it is not pending, only counted
+                    streaming.uncancel()
                     break
                 body = chunk.encode(self.charset) if isinstance(chunk, str) else chunk
                 await send({"type": "http.response.body", "body": body, "more_body": True})
