@@ -38,7 +38,8 @@ def configure(format: str = "auto", level: str = "info") -> None:
     )
     exceptions = [structlog.processors.format_exc_info] if json_lines else []
     structlog.configure(
-        processors=[*shared, *exceptions, line, _as_bytes],
+        # JSONRenderer(_json) renders bytes already; the console renderer renders text.
+        processors=[*shared, *exceptions, line, *([] if json_lines else [_as_bytes])],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.BytesLoggerFactory(_binary(sys.stderr)),
         cache_logger_on_first_use=True,
@@ -90,8 +91,8 @@ def _json(obj: Any, **_: Any) -> bytes:
 
 
 def _as_bytes(_logger: Any, _method: str, rendered: Any) -> bytes:
-    """The rendered line as the bytes logger writes it."""
-    return rendered.encode() if isinstance(rendered, str) else bytes(rendered)
+    """The console's rendered line as the bytes logger writes it."""
+    return str(rendered).encode()
 
 
 def _as_text(_logger: Any, _method: str, rendered: Any) -> str:
