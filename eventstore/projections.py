@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +12,7 @@ from eventstore.approvals import ApprovalsProjection
 from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
+    DeliveryEnqueued,
     ModelResult,
     SessionCleared,
     SessionForked,
@@ -52,6 +53,21 @@ _MODEL_RESULT = """UPDATE turns SET steps = steps + 1, prompt_tokens = prompt_to
 _MODEL_RESULT_THINKING = _MODEL_RESULT.replace(
     "SET ", "SET reasoning = concat_ws(E'\\n\\n', nullif(reasoning, ''), %s::text), ", 1
 )
+
+
+def call_usage(result: ModelResult) -> dict[str, Any]:
+    """One entry of a turn's ``calls``: what the call read and wrote."""
+    usage: dict[str, Any] = {
+        "promptTokens": result.prompt_tokens,
+        "outputTokens": result.output_tokens,
+        "cacheReadTokens": result.cache_read_tokens,
+        "cacheWriteTokens": result.cache_write_tokens,
+        "latencyMs": result.latency_ms,
+        "finishReason": result.finish_reason,
+    }
+    if result.server_tool_requests:
+        usage["serverToolRequests"] = result.server_tool_requests
+    return usage
 
 
 class TurnsProjection:
@@ -116,23 +132,7 @@ class TurnsProjection:
                             r.output_tokens,
                             r.cache_read_tokens,
                             r.cache_write_tokens,
-                            Jsonb(
-                                [
-                                    {
-                                        "promptTokens": r.prompt_tokens,
-                                        "outputTokens": r.output_tokens,
-                                        "cacheReadTokens": r.cache_read_tokens,
-                                        "cacheWriteTokens": r.cache_write_tokens,
-                                        "latencyMs": r.latency_ms,
-                                        "finishReason": r.finish_reason,
-                                        **(
-                                            {"serverToolRequests": r.server_tool_requests}
-                                            if r.server_tool_requests
-                                            else {}
-                                        ),
-                                    }
-                                ]
-                            ),
+                            Jsonb([call_usage(r)]),
                             pos,
                             turn_id,
                         ],
@@ -177,6 +177,86 @@ class TurnsProjection:
                 ]
             case _:
                 return []
+
+
+def ended_turn(events: Sequence[RecordedEvent]) -> dict[str, Any] | None:
+    """The ``turns`` row that :class:`TurnsProjection` leaves after ``events``, the same rules
+    folded in memory, when they hold a turn's whole stream (from its ``turn.start``, without a
+    gap, to its ``turn.end``: nothing changes the row after that) and it promised no delivery
+    (its ``deliveries`` are outbox rows, which move on after the turn). None otherwise.
+
+    Keys are ``sql/turn.sql``'s columns; ``deliveries`` is empty. Events of other streams (a
+    note the turn wrote on its session's) are skipped. tests/test_turn_memory.py checks that
+    this equals the projection's row for every kind of turn."""
+    row: dict[str, Any] | None = None
+    version = -1
+    for event in events:
+        if not event.stream.startswith("turn-"):
+            continue
+        if event.version != version + 1:
+            return None
+        version = event.version
+        if row is None:
+            row = _started(event)
+            if row is None:
+                return None
+        elif row["status"] != "running" or not _evolve_turn(row, event):
+            return None  # past turn.end, or an event the row cannot be folded without
+    return row if row is not None and row["status"] != "running" else None
+
+
+def _started(event: RecordedEvent) -> dict[str, Any] | None:
+    data, meta = event.data, event.metadata
+    if not isinstance(data, TurnStart):
+        return None
+    return {
+        "turn_id": event.stream.removeprefix("turn-"), "agent_id": meta.agent_id or "",
+        "session_key": meta.session_key or "", "status": "running", "state": "accepted",
+        "source": data.source, "input": data.input, "text": "", "reasoning": "", "steps": 0,
+        "attempt": 0, "prompt_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
+        "cache_write_tokens": 0, "started_at": event.recorded_at, "error_code": None,
+        "error_message": None, "error_hint": None, "ended_at": None, "duration_ms": None,
+        "deliveries": [], "calls": [],
+    }  # fmt: skip
+
+
+def _evolve_turn(row: dict[str, Any], event: RecordedEvent) -> bool:
+    """Fold one event of a running turn into its row, as TurnsProjection's statements do;
+    False for a promised delivery (the row's ``deliveries`` live in the outbox)."""
+    match event.data:
+        case TurnAttempt(attempt=attempt):
+            row["attempt"] = attempt
+            row["state"] = "running" if attempt == 1 else "resuming"
+        case ModelResult() as r:
+            thought = reasoning_of(r)
+            if thought:  # concat_ws over nullif(reasoning, '')
+                row["reasoning"] = (
+                    f"{row['reasoning']}\n\n{thought}" if row["reasoning"] else thought
+                )
+            row["steps"] += 1
+            row["prompt_tokens"] += r.prompt_tokens
+            row["output_tokens"] += r.output_tokens
+            row["cache_read_tokens"] += r.cache_read_tokens
+            row["cache_write_tokens"] += r.cache_write_tokens
+            row["calls"].append(call_usage(r))
+            row["state"] = "running"
+        case ApprovalRequested():
+            row["state"] = "awaiting_approval"
+        case ApprovalResolved():
+            row["state"] = "running"
+        case DeliveryEnqueued():
+            return False
+        case TurnEnd() as end:
+            err = end.error
+            row.update(
+                status=end.reason, state="ended", steps=end.steps,
+                prompt_tokens=end.tokens.prompt, output_tokens=end.tokens.output,
+                cache_read_tokens=end.tokens.cache_read, cache_write_tokens=end.tokens.cache_write,
+                text=end.text, error_code=err.code if err else None,
+                error_message=err.message if err else None, error_hint=err.hint if err else None,
+                ended_at=event.recorded_at, duration_ms=end.duration_ms,
+            )  # fmt: skip
+    return True
 
 
 class SessionsProjection:

@@ -32,6 +32,7 @@ from actors.outbox import Channel
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
 from eventstore.catalogue import EndReason
 from eventstore.feed import Feed
+from eventstore.projections import ended_turn
 from gateways import acceptance, ingress
 from gateways.auth import EVERYONE, PRIVATE_NEEDS_TOKEN, PRIVATE_QUERY, Principal
 from gateways.errors import json_response
@@ -345,8 +346,28 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     return TurnResource(**fields)
 
 
+def ended_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
+    """The resource of a turn this node ran and holds whole, ended and with nothing promised
+    to a channel (eventstore/projections.py ``ended_turn``): the projection's row, without the
+    query. A running turn's resource is read from Postgres: another node may take it over."""
+    held = feed.held(turn_id) if feed is not None else None
+    row = ended_turn(held) if held else None
+    if row is None:
+        return None
+    row["calls"] = msgspec.convert(row["calls"], list[CallUsage])
+    return TurnResource(**row)
+
+
 async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None) -> TurnResource:
-    rows = await fetch(request, "turn", {"turn_id": turn_id})
+    turn = ended_in_memory(runtime(request).feed, turn_id)
+    if turn is not None:
+        if (agent_id is None or turn.agent_id == agent_id) and principal(request).sees(
+            turn.agent_id
+        ):
+            return turn
+        rows: list[tuple[Any, ...]] = []
+    else:
+        rows = await fetch(request, "turn", {"turn_id": turn_id})
     if (
         not rows
         or (agent_id is not None and rows[0][1] != agent_id)

@@ -1,0 +1,191 @@
+"""The turn resource of a turn this node ran, served from memory once it has ended
+(eventstore/projections.py ``ended_turn``, gateways/api.py ``load_turn``): the same resource
+the turns projection holds in Postgres, for every kind of turn; and only where memory can know
+it (the whole stream, ended, nothing promised to a channel)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import msgspec
+import pytest
+
+from eventstore import Metadata, NewEvent
+from eventstore.catalogue import (
+    ApprovalRequested,
+    ApprovalResolved,
+    ContextAssembled,
+    DeliveryEnqueued,
+    ErrorDetail,
+    ModelChunk,
+    ModelResult,
+    SessionNote,
+    Tokens,
+    ToolCall,
+    ToolResult,
+    TurnAttempt,
+    TurnEnd,
+    TurnStart,
+)
+from eventstore.event import Event
+from eventstore.projections import ended_turn
+from gateways.api import ended_in_memory, sql, turn_resource
+from gateways.schemas import TurnResource
+from tests.conftest import ApiServer
+from tests.test_api_http import client_of, ended, post
+from tests.test_stream_reasoning import call, thinking_turn
+from tests.turns import store_of
+
+SESSION = "memory"
+
+
+def tool_turn() -> list[Event]:
+    """Two calls with cache figures and a server tool, an approval asked and granted."""
+    first = ModelResult(prompt_tokens=50, output_tokens=7, finish_reason="tool_use",
+                        latency_ms=3, cache_read_tokens=40, cache_write_tokens=9,
+                        server_tool_requests={"webSearchRequests": 1})  # fmt: skip
+    return [
+        TurnStart(source="api", input="add it up"),
+        TurnAttempt(attempt=1, node="node-1"),
+        ContextAssembled(slots=[], total=10),
+        first,
+        ToolCall(slug="ledger", call_id="c1", args_hash="h", mutating=True, args={"n": 1}),
+        ApprovalRequested(
+            approval_id="ap_1",
+            slug="ledger",
+            call_id="c1",
+            mutating=True,
+            reason="policy",
+            args={"n": 1},
+        ),
+        ApprovalResolved(approval_id="ap_1", slug="ledger", granted=True, by="api"),
+        ToolResult(slug="ledger", call_id="c1", ok=True, latency_ms=1, bytes=2, output="ok"),
+        call(70, [{"type": "text", "text": "Added"}]),
+        TurnEnd(
+            reason="final",
+            steps=2,
+            duration_ms=12,
+            text="Added",
+            tokens=Tokens(prompt=120, output=17, cache_read=40, cache_write=9),
+        ),
+    ]
+
+
+def failed_turn() -> list[Event]:
+    """Resumed once on this node (a second attempt), then ended by an error."""
+    return [
+        TurnStart(source="schedule", input="nightly"),
+        TurnAttempt(attempt=1, node="node-1"),
+        ModelChunk(delta="Work"),
+        TurnAttempt(attempt=2, node="node-1", resumed_from_step=0),
+        TurnEnd(reason="error", steps=0, tokens=Tokens(), duration_ms=3,
+                error=ErrorDetail(code="model_overloaded", message="busy", hint="retry")),
+    ]  # fmt: skip
+
+
+def noted_turn() -> list[Event]:
+    return [
+        TurnStart(source="api", input="note: milk"),
+        TurnAttempt(attempt=1, node="node-1"),
+        call(30, [{"type": "text", "text": "Noted"}]),
+        TurnEnd(reason="max_steps", steps=1, tokens=Tokens(prompt=30, output=10),
+                duration_ms=4, text="Noted"),
+    ]  # fmt: skip
+
+
+def delivered_turn() -> list[Event]:
+    return [
+        TurnStart(source="api", input="tell them"),
+        call(30, [{"type": "text", "text": "Told"}]),
+        DeliveryEnqueued(channel_id="nowhere", to="42", key=f"o_{uuid.uuid4().hex}",
+                         chunk_index=0, chunk_total=1, text="Told"),
+        TurnEnd(reason="final", steps=1, tokens=Tokens(prompt=30, output=10), duration_ms=4,
+                text="Told"),
+    ]  # fmt: skip
+
+
+async def append_turn(api: ApiServer, events: list[Event], *, split: int = 0) -> str:
+    """A whole turn appended through the node's writer (so its memory holds it), in one
+    append, or two when ``split`` says where the second starts."""
+    turn_id = "t_" + uuid.uuid4().hex[:17]
+    meta = Metadata(agent_id="assistant", session_key=SESSION, turn_id=turn_id)
+    new = [NewEvent(event=e, metadata=meta) for e in events]
+    store = store_of(api.node)
+    if split:
+        await store.aappend(f"turn-{turn_id}", new[:split])
+        await store.aappend(f"turn-{turn_id}", new[split:], expected_version=split - 1)
+    else:
+        await store.aappend(f"turn-{turn_id}", new)
+    return turn_id
+
+
+async def stored(api: ApiServer, turn_id: str) -> TurnResource:
+    rows = await store_of(api.node).afetch(sql("turn"), {"turn_id": turn_id})
+    assert len(rows) == 1
+    return turn_resource(rows[0])
+
+
+def as_json(resource: TurnResource | dict[str, Any]) -> Any:
+    return msgspec.json.decode(msgspec.json.encode(resource))
+
+
+@pytest.mark.asyncio
+async def test_an_ended_turn_from_memory_is_the_projections_row(api: ApiServer) -> None:
+    async with client_of(api) as http:
+        # Real turns first: the node owns the session, and the scripted model runs a tool.
+        real = [(await post(http, text, sessionKey=SESSION)).json()["turnId"]
+                for text in ("hello", "calculate 6*7", "note: buy milk")]  # fmt: skip
+        for turn_id in real:
+            await ended(http, turn_id)
+        made = [
+            await append_turn(api, thinking_turn()),
+            await append_turn(api, tool_turn(), split=4),
+            await append_turn(api, failed_turn()),
+            await append_turn(api, noted_turn()),
+        ]
+        # A note the turn wrote on its session's stream rides in memory with the turn.
+        note_meta = Metadata(agent_id="assistant", session_key=SESSION, turn_id=made[-1])
+        note = NewEvent(event=SessionNote(action="append", text="milk"), metadata=note_meta)
+        await store_of(api.node).aappend("session-x", [note])
+        for turn_id in [*real, *made]:
+            from_memory = ended_in_memory(api.node.feed, turn_id)
+            assert from_memory is not None, turn_id
+            from_postgres = await stored(api, turn_id)
+            assert from_memory == from_postgres
+            served = (await http.get(f"/v1/agents/assistant/turns/{turn_id}")).json()
+            assert served == as_json(from_postgres)
+        thought = ended_in_memory(api.node.feed, made[0])
+        assert thought is not None and thought.reasoning == "Let me think.\n\nSecond thought."
+        tools = ended_in_memory(api.node.feed, made[1])
+        assert tools is not None and (tools.cache_read_tokens, len(tools.calls)) == (40, 2)
+        failed = ended_in_memory(api.node.feed, made[2])
+        assert failed is not None and (failed.attempt, failed.error_code) == (2, "model_overloaded")
+        # Another agent's turn is not found through this one, from memory or not.
+        other = await http.get(f"/v1/agents/nobody/turns/{made[0]}")
+        assert other.status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_memory_answers_only_for_a_whole_ended_turn_with_nothing_to_deliver(
+    api: ApiServer,
+) -> None:
+    async with client_of(api) as http:
+        await ended(http, (await post(http, "hello", sessionKey=SESSION)).json()["turnId"])
+        running = await append_turn(api, thinking_turn()[:-1])
+        assert api.node.feed is not None and api.node.feed.held(running) is not None
+        assert ended_in_memory(api.node.feed, running) is None
+        assert (await http.get(f"/v1/agents/assistant/turns/{running}")).json()["status"] == (
+            "running"
+        )
+
+        delivered = await append_turn(api, delivered_turn())
+        assert ended_in_memory(api.node.feed, delivered) is None
+        turn = (await http.get(f"/v1/agents/assistant/turns/{delivered}")).json()
+        assert [d["channel"] for d in turn["deliveries"]] == ["nowhere"]
+
+    # A turn whose stream memory does not hold from its first event: Postgres answers.
+    held = api.node.feed.held(running) or []
+    assert ended_turn(held[1:]) is None
+    assert ended_turn(list(reversed(held))) is None
+    assert ended_turn([]) is None
