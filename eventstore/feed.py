@@ -17,15 +17,17 @@ queue and catches up from Postgres again, from the last event it delivered. Loss
 
 A turn this node runs is also held in memory as the writer commits it (:meth:`Feed.remember`,
 handed the node's own commits on the loop, in commit order): a reader of that turn gets what
-memory holds at once, without a query, and its catch-up from Postgres starts after it. Memory
-serves a turn only while it holds the turn's stream complete, from its first event without a
-gap, and it holds with it the node's events on other streams that carry the turn's id (a note
-the turn's tool writes on the session's stream): the turn's scope is every event with its id,
-and the catch-up starts after the last event memory held, so memory must hold all of the scope
-up to there. Those come through the same writer, so in the same order as the log's. The
-catch-up still runs, because a committed event can reach the tail before the writer's
-hand-over reaches memory (the tail reads after a hint or a poll), and the turn may have moved on
-on another node (whose appends, behind the ownership fence, all come after this node's last).
+memory holds at once, without a query, and then reads from memory: each new commit of the turn
+is handed to it as it is remembered, before the tail has read it (:class:`Subscription`).
+Memory serves a turn only while it holds the turn's stream complete, from its first event
+without a gap, and it holds with it the node's events on other streams that carry the turn's id
+(a note the turn's tool writes on the session's stream): the turn's scope is every event with
+its id, so memory must hold all of the scope up to its last event. Those come through the same
+writer, so in the same order as the log's; another node's appends to the turn come after this
+node's last (behind the ownership fence), and an outbox's events after the ``turn.end`` that
+promised them. Memory can still lack what another node wrote after it took the turn over, so a
+reader of memory watches the tail: an event of its scope that memory does not give soon, memory
+letting the turn go, or a long silence sends it to Postgres, after the last event it gave.
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ log = structlog.get_logger("dispach.feed")
 _PAGE = 500
 _RECENT_EVENTS = 4096
 """Events of recent turns held in memory, all turns together (the oldest turns go first)."""
+_WITNESS_GRACE = 0.1
+"""How long memory may take to give an event the tail has read (it is handed over on the loop
+right after its commit, so a millisecond or so) before the reader catches up from Postgres."""
+_SILENCE = 1.0
+"""How long a reader of memory waits for the next event before it looks in Postgres too."""
 _TURN_STREAM = "turn-"
 CHUNK = "model.chunk"
 REASONING = "reasoning"
@@ -86,7 +93,15 @@ class Scope(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Subscription:
-    """Events of one scope after a checkpoint, in log order, read with :meth:`read`."""
+    """Events of one scope after a checkpoint, in log order, read with :meth:`read`.
+
+    A subscription to a turn that memory holds whole (:meth:`start_after`) reads from memory:
+    this node's commits of the turn, handed over as they commit, and no query while that lasts.
+    The tail's events then only witness that the log went on: one that memory has not given
+    within ``_WITNESS_GRACE`` (another node wrote to the turn), memory letting the turn go, an
+    overflow, or ``_SILENCE`` without an event (the turn may go on elsewhere) end the reading
+    from memory, and the subscription catches up from Postgres after its last event, as any
+    other does (see the module docstring for why memory's events are a prefix of the turn's)."""
 
     def __init__(self, feed: Feed, scope: Scope, after: Checkpoint | None, buffer: int) -> None:
         self.scope = scope
@@ -95,6 +110,14 @@ class Subscription:
         self._queue: deque[RecordedEvent] = deque()
         self._wake = asyncio.Event()
         self._catch_up = after is not None
+        self._memory = False
+        """Reading from memory (see the class docstring)."""
+        self._witness: Checkpoint | None = None
+        """The furthest event the tail offered beyond ``last`` while reading from memory."""
+        self._witnessed_at = 0.0
+        """When memory must have given the witnessed event (loop time)."""
+        self._heard = 0.0
+        """When memory last gave an event (loop time)."""
         self.last: Checkpoint = after if after is not None else feed.position
         """The checkpoint of the last event handed to the reader (or where it started)."""
         self.overflows = 0
@@ -102,14 +125,45 @@ class Subscription:
         self.closed = False
 
     def offer(self, event: RecordedEvent) -> None:
-        """Called by the feed, on the loop, for every event of this scope."""
+        """Called by the feed's tail, on the loop, for every event of this scope."""
+        if self._memory:
+            checkpoint = event.checkpoint
+            if checkpoint > self.last and (self._witness is None or checkpoint > self._witness):
+                if self._witness is None:
+                    self._witnessed_at = asyncio.get_running_loop().time() + _WITNESS_GRACE
+                self._witness = checkpoint
+                self._wake.set()
+            return
+        self._queue_up(event)
+
+    def offer_held(self, event: RecordedEvent) -> None:
+        """Called by :meth:`Feed.remember`, on the loop, for this node's commits of the turn."""
+        if self._memory:
+            self._heard = asyncio.get_running_loop().time()
+            self._queue_up(event)
+
+    def _queue_up(self, event: RecordedEvent) -> None:
         if len(self._queue) >= self._buffer:
             self._queue.clear()
             self._catch_up = True
+            self._reading_memory(False)
             self.overflows += 1
         else:
             self._queue.append(event)
         self._wake.set()
+
+    def leave_memory(self) -> None:
+        """Catch up from Postgres after the last event given, then follow the tail."""
+        if self._memory:
+            self._reading_memory(False)
+            self._witness = None
+            self._catch_up = True
+            self._wake.set()
+
+    def _reading_memory(self, reading: bool) -> None:
+        if reading != self._memory:
+            self._memory = reading
+            self._feed._memory_readers += 1 if reading else -1
 
     async def read(self, timeout: float) -> list[RecordedEvent]:
         """The next events, or ``[]`` when none arrived within ``timeout`` seconds."""
@@ -131,23 +185,59 @@ class Subscription:
                         return matching
                 continue
             if self._queue:
-                fresh = [e for e in self._queue if e.checkpoint > self.last]
-                self._queue.clear()
+                fresh = self._drain()
                 if fresh:
-                    self.last = fresh[-1].checkpoint
                     return fresh
                 continue
+            left = self._memory_left()
+            if left is not None and left <= 0:
+                self.leave_memory()
+                continue
+            memory_due = left is not None and left < timeout
+            wait = left if memory_due and left is not None else timeout
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                await asyncio.wait_for(self._wake.wait(), wait)
             except TimeoutError:
+                if memory_due:
+                    self.leave_memory()
+                    continue
                 return []
 
+    def _drain(self) -> list[RecordedEvent]:
+        """What the queue holds after ``last``: after a catch-up it may hold what the page
+        held already. Each event once, in order."""
+        fresh = []
+        last = self.last
+        for event in self._queue:
+            checkpoint = event.checkpoint
+            if checkpoint > last:
+                fresh.append(event)
+                last = checkpoint
+        self._queue.clear()
+        self.last = last
+        return fresh
+
+    def _memory_left(self) -> float | None:
+        """Seconds left before a reader of memory looks in Postgres (None: not reading from
+        memory): until a witnessed event is due from memory, or the silence is too long."""
+        if not self._memory:
+            return None
+        if self._witness is not None and self._witness <= self.last:
+            self._witness = None  # memory gave it: the tail had read it first
+        due = self._heard + _SILENCE if self._witness is None else self._witnessed_at
+        return due - asyncio.get_running_loop().time()
+
     def start_after(self, events: Sequence[RecordedEvent]) -> list[RecordedEvent]:
-        """The reader has ``events`` already (from :meth:`Feed.recent`): the catch-up goes on
-        after the last of them. Returns those of this subscription's scope."""
+        """The reader has ``events`` already, what :meth:`Feed.recent` held of its turn right
+        after it subscribed: it goes on from memory after the last of them (see the class
+        docstring). Returns those of this subscription's scope."""
         if events:
             self.last = max(self.last, events[-1].checkpoint)
+        if self.scope.turn_id is not None and self._feed.held(self.scope.turn_id) is not None:
+            self._catch_up, self._witness = False, None
+            self._heard = asyncio.get_running_loop().time()
+            self._reading_memory(True)
         return [e for e in events if self.scope.matches(e)]
 
     @property
@@ -188,6 +278,7 @@ class Subscription:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._reading_memory(False)
             self._feed._remove(self)
 
 
@@ -205,6 +296,10 @@ class Feed:
         self.position: Checkpoint = START
         self._turns: dict[str, set[Subscription]] = {}
         self._wide: set[Subscription] = set()
+        self._turn_readers = 0
+        """Subscriptions in ``_turns``, all turns together."""
+        self._memory_readers = 0
+        """Of those, the ones reading from memory (they need no tail for this node's commits)."""
         self._ready = asyncio.Event()
         self._tail: asyncio.Task[None] | None = None
         self._starting = asyncio.Lock()
@@ -239,12 +334,19 @@ class Feed:
                 continue
             held.append(event)
             self._held += 1
+            subs = self._turns.get(event.metadata.turn_id or "") if self._turns else None
+            if subs:
+                for sub in subs:
+                    if sub.scope.matches(event):
+                        sub.offer_held(event)
         while self._held > _RECENT_EVENTS and self._recent:
             self._forget(next(iter(self._recent)))
 
     def _forget(self, stream: str) -> None:
         self._held -= len(self._recent.pop(stream, ()))
         self._heads.pop(stream, None)
+        for sub in self._turns.get(stream[len(_TURN_STREAM) :], ()):
+            sub.leave_memory()
 
     def recent(self, turn_id: str, after: Checkpoint) -> list[RecordedEvent] | None:
         """The turn's events after ``after`` from memory, or None when memory does not hold
@@ -254,9 +356,22 @@ class Feed:
             return None
         return [e for e in held if e.checkpoint > after]
 
+    def held(self, turn_id: str) -> Sequence[RecordedEvent] | None:
+        """Every event memory holds of the turn (its stream from the first event, with the
+        node's events on other streams that carry its id), or None. Not to be changed."""
+        return self._recent.get(_TURN_STREAM + turn_id)
+
     @property
     def subscribers(self) -> int:
-        return len(self._wide) + sum(len(s) for s in self._turns.values())
+        return len(self._wide) + self._turn_readers
+
+    @property
+    def tails_own_commits(self) -> bool:
+        """Whether a reader needs the tail to read this node's own commits right away (the
+        node wakes it after each of them only then): not while every reader is one of a turn
+        memory holds, which memory hands those commits to. Other nodes' commits still wake the
+        tail (their hints come over NATS), and it polls besides."""
+        return bool(self._wide) or self._turn_readers > self._memory_readers
 
     @property
     def tailing(self) -> bool:
@@ -284,6 +399,7 @@ class Feed:
         sub = Subscription(self, scope, after, buffer)
         if scope.turn_id is not None:
             self._turns.setdefault(scope.turn_id, set()).add(sub)
+            self._turn_readers += 1
         else:
             self._wide.add(sub)
         try:
@@ -350,8 +466,9 @@ class Feed:
             self._maybe_idle()
             return
         subs = self._turns.get(turn_id)
-        if subs is not None:
+        if subs is not None and sub in subs:
             subs.discard(sub)
+            self._turn_readers -= 1
             if not subs:
                 del self._turns[turn_id]
         self._maybe_idle()

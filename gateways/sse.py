@@ -21,7 +21,7 @@ from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from eventstore import REGISTRY, Checkpoint, RecordedEvent, StoreError, encode_wire, streams
-from eventstore.catalogue import TurnEnd
+from eventstore.catalogue import TurnEnd, TurnStart
 from eventstore.feed import CHUNK, Feed, Scope, Subscription
 from gateways import metrics
 from gateways.api import (
@@ -197,18 +197,26 @@ async def turn_stream(request: Request) -> Response:
         # would answer 404 and hide that the token is the problem.
         raise wrong_agent(stream, request.path_params["agent"])
     agent_id = agent(request).id
-    turn = await load_turn(request, request.path_params["turn_id"], agent_id)
+    turn_id: str = request.path_params["turn_id"]
+    reconnect = bool(request.headers.get("last-event-id"))
+    # A fresh stream needs only the turn's agent and session, which never change: a turn this
+    # node holds in memory has them in its turn.start. A browser's reconnect needs its status.
+    session_key = None if reconnect else held_session(request, turn_id, agent_id)
+    running = True
+    if session_key is None:
+        turn = await load_turn(request, turn_id, agent_id)
+        session_key, running = turn.session_key, turn.status == "running"
     if stream is not None:
-        problem = turn_problem(stream, agent_id, turn.turn_id, turn.session_key)
+        problem = turn_problem(stream, agent_id, turn_id, session_key)
         if problem is not None:
             raise problem
     after = cursor_param(request)
-    await refuse_archived(request, after or Checkpoint(), turn.turn_id)
+    await refuse_archived(request, after or Checkpoint(), turn_id)
     if (
         after is not None
-        and turn.status != "running"
-        and request.headers.get("last-event-id")
-        and await _ended_before(feed_of(request), turn.turn_id, after) is not None
+        and not running
+        and reconnect
+        and await _ended_before(feed_of(request), turn_id, after) is not None
     ):
         # A browser reconnecting after the end: 204 is what makes an EventSource stop.
         return Response(status_code=204, headers={"Cache-Control": "no-cache"})
@@ -217,13 +225,25 @@ async def turn_stream(request: Request) -> Response:
     return turn_stream_response(
         request,
         agent_id,
-        turn.turn_id,
+        turn_id,
         after=after,
         chunks=chunks,
         reasoning=flag(request, "reasoning"),
         implied=implied,
         types=types,
     )
+
+
+def held_session(request: HTTPConnection, turn_id: str, agent_id: str) -> str | None:
+    """The session of a turn of ``agent_id`` that memory holds from its ``turn.start`` and the
+    caller may see, or None (then the turn is looked up in Postgres, which also says 404)."""
+    held = feed_of(request).held(turn_id)
+    if not held or not isinstance(held[0].data, TurnStart):
+        return None
+    meta = held[0].metadata
+    if meta.agent_id != agent_id or not principal(request).sees(agent_id):
+        return None
+    return meta.session_key
 
 
 def turn_stream_response(

@@ -321,7 +321,7 @@ class Node:
         # both over at once): wake this node's readers, then tell the other nodes.
         if self.feed is not None:
             self.feed.remember(committed)  # a reader of a turn run here starts from memory
-        if self.store is not None:
+        if self.store is not None and (self.feed is None or self.feed.tails_own_commits):
             self.store.hints.notify(committed[-1].checkpoint)
         if self._hints is not None:
             self._background(self._hints.publish(committed))
