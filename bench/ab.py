@@ -6,8 +6,11 @@ What a change to the edge costs (the Origin and content-type checks, stream toke
 timeouts...) is smaller than the drift of a shared 2-core machine between two runs minutes apart.
 So both trees are measured in the same run, alternated A B B A A B ..., each round a fresh
 ``dispach serve`` (its own schema and home, the same Postgres and NATS) under the shared load
-driver: ``seq`` (one turn at a time: accept p50/p99, end-to-end p50) then ``burst`` (16
-submitters, 16 sessions: turns/s, accept p50, the server process's CPU per turn). The baseline
+driver: ``seq`` (one turn at a time: accept p50/p99, end-to-end p50), ``burst`` (16
+submitters, 16 sessions: turns/s, accept p50, the server process's CPU per turn), ``closed``
+(16 streamed turns in flight, ``POST {stream: true}`` read to ``turn.end``: turns/s, the first
+frame, CPU per turn) and ``reattach`` (POST, then the turn's stream: its first event and its
+``turn.end``, from the POST). The baseline
 tree is a detached ``git worktree`` of ``--baseline`` in a temporary directory, run by this
 interpreter with its packages first on ``PYTHONPATH`` (the same dependencies; only our code
 differs). Prints each round, then per tree the median of its rounds and the ratio this tree /
@@ -50,6 +53,11 @@ FIGURES = (
     ("accept p50 (burst)", "ms"),
     ("burst turns/s", "/s"),
     ("server CPU per turn (burst)", "ms"),
+    ("closed loop turns/s", "/s"),
+    ("first frame p50 (closed)", "ms"),
+    ("server CPU per turn (closed)", "ms"),
+    ("first SSE event p50 (reattach)", "ms"),
+    ("turn.end via SSE p50 (reattach)", "ms"),
 )
 
 
@@ -90,7 +98,8 @@ async def one_round(tree: Tree, url: str, nats_url: str, turns: int, work: Path)
             raise SystemExit(f"{tree.name}: dispach serve exited with {status}")
     finally:
         drop_schemas(url, [schema])
-    seq, burst = result["seq_e2e"], result["burst"]
+    seq, burst, closed = result["seq_e2e"], result["burst"], result["closed_loop"]
+    reattach = result["stream_reattach"]
     if result.get("errors") or burst["post_errors"]:
         raise SystemExit(f"{tree.name}: driver errors {result.get('errors')}")
     return [
@@ -100,13 +109,19 @@ async def one_round(tree: Tree, url: str, nats_url: str, turns: int, work: Path)
         burst["accept_ms"]["p50"],
         burst["turns_per_s_wall"],
         burst["cpu_s"]["server"] * 1000 / turns,
+        closed["turns_per_s"],
+        closed["accept_first_frame_ms"]["p50"],
+        closed["cpu_s"]["server"] * 1000 / closed["n"],
+        reattach["first_event_ms"]["p50"],
+        reattach["turn_end_ms"]["p50"],
     ]
 
 
 async def loadgen(base: str, pid: int, turns: int) -> dict[str, Any]:
     argv = [
         sys.executable, str(LOADGEN), "--base", base, "--agent", "bench", "--pid", str(pid),
-        "--phases", "seq,burst", "--turns", str(turns), "--sessions", "16", "--submitters", "16",
+        "--phases", "seq,burst,closed,reattach", "--turns", str(turns), "--sessions", "16",
+        "--submitters", "16",
     ]  # fmt: skip
     child = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
