@@ -42,6 +42,7 @@ import structlog
 
 from eventstore.envelope import START, Checkpoint, RecordedEvent
 from eventstore.errors import StoreUnavailable
+from eventstore.event import UnknownEvent, encode_data
 from eventstore.store import EventStore
 
 log = structlog.get_logger("dispach.feed")
@@ -49,6 +50,9 @@ log = structlog.get_logger("dispach.feed")
 _PAGE = 500
 _RECENT_EVENTS = 4096
 """Events of recent turns held in memory, all turns together (the oldest turns go first)."""
+_RECENT_BYTES = 8 << 20
+"""And their data's size as stored, all together: a turn's input, a tool's output or a model's
+reply can each be large (a request body may be 1 MB), and 4,096 of them must not be."""
 _WITNESS_GRACE = 0.1
 """How long memory may take to give an event the tail has read (it is handed over on the loop
 right after its commit, so a millisecond or so) before the reader catches up from Postgres."""
@@ -309,11 +313,14 @@ class Feed:
         self._heads: dict[str, int] = {}
         """Per turn stream held: the version of its last event."""
         self._held = 0
+        self._bytes: dict[str, int] = {}
+        """Per turn stream held: the size of its events' data, as stored."""
+        self._held_bytes = 0
 
     def remember(self, committed: Sequence[RecordedEvent]) -> None:
         """This node's own commits, in commit order (on the loop): turn streams are held while
         complete from their first event, with the events of other streams that carry a held
-        turn's id, up to ``_RECENT_EVENTS`` events in all."""
+        turn's id, up to ``_RECENT_EVENTS`` events and ``_RECENT_BYTES`` of data in all."""
         for event in committed:
             if event.stream.startswith(_TURN_STREAM):
                 stream = event.stream
@@ -327,23 +334,29 @@ class Feed:
                     continue
                 self._heads[stream] = event.version
             elif event.metadata.turn_id is not None:
-                held = self._recent.get(_TURN_STREAM + event.metadata.turn_id)
+                stream = _TURN_STREAM + event.metadata.turn_id
+                held = self._recent.get(stream)
                 if held is None:
                     continue  # a turn memory does not serve
             else:
                 continue
             held.append(event)
+            data = event.data  # ours, so known (an UnknownEvent only comes from reading)
+            size = len(data.raw if isinstance(data, UnknownEvent) else encode_data(data))
+            self._bytes[stream] = self._bytes.get(stream, 0) + size
             self._held += 1
-            subs = self._turns.get(event.metadata.turn_id or "") if self._turns else None
+            self._held_bytes += size
+            subs = self._turns.get(stream[len(_TURN_STREAM) :]) if self._turns else None
             if subs:
                 for sub in subs:
                     if sub.scope.matches(event):
                         sub.offer_held(event)
-        while self._held > _RECENT_EVENTS and self._recent:
+        while (self._held > _RECENT_EVENTS or self._held_bytes > _RECENT_BYTES) and self._recent:
             self._forget(next(iter(self._recent)))
 
     def _forget(self, stream: str) -> None:
         self._held -= len(self._recent.pop(stream, ()))
+        self._held_bytes -= self._bytes.pop(stream, 0)
         self._heads.pop(stream, None)
         for sub in self._turns.get(stream[len(_TURN_STREAM) :], ()):
             sub.leave_memory()

@@ -11,8 +11,9 @@ import psycopg
 import pytest
 import pytest_asyncio
 
-from eventstore import NO_STREAM, START, AppendResult, RecordedEvent
-from eventstore.feed import _RECENT_EVENTS, _SILENCE, Feed, Scope
+from eventstore import NO_STREAM, START, AppendResult, Metadata, NewEvent, RecordedEvent
+from eventstore.catalogue import TurnStart
+from eventstore.feed import _RECENT_BYTES, _RECENT_EVENTS, _SILENCE, Feed, Scope
 from tests.conftest import LiveStore, Servers
 from tests.test_feed import batch, caught_up, ids, running, take
 
@@ -223,3 +224,25 @@ async def test_the_tail_reads_this_nodes_commits_at_once_only_for_readers_not_of
             assert tails(feed)
         assert not tails(feed)
     assert not tails(feed) and feed.subscribers == 0
+
+
+@pytest.mark.asyncio
+async def test_memory_is_bounded_by_the_size_of_what_it_holds_too(
+    live: LiveStore, feed: Feed
+) -> None:
+    """A few turns with large events (a 1 MB input, a long tool output) fill the bound on
+    bytes long before the one on events: the oldest go, and what is held stays under it."""
+    big = "x" * (1 << 20)
+    turns = _RECENT_BYTES // len(big) + 2
+    for n in range(turns):
+        meta = Metadata(agent_id="ag", session_key="s", turn_id=f"big{n}")
+        done = await live.store.aappend(
+            f"turn-big{n}", [NewEvent(event=TurnStart(source="api", input=big), metadata=meta)]
+        )
+        feed.remember(done.events)
+    held = [n for n in range(turns) if feed.recent(f"big{n}", START) is not None]
+    assert held and held[-1] == turns - 1
+    assert len(held) * len(big) <= _RECENT_BYTES < (len(held) + 1) * (len(big) + 100)
+    small = await append(live, "small", 3, NO_STREAM)  # ordinary turns are still held after
+    feed.remember(small.events)
+    assert feed.recent("small", START) == small.events
