@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -89,6 +89,23 @@ class Subscribed(msgspec.Struct, frozen=True, rename="camel"):
 def frame(event: str, data: bytes, cursor: str | None = None) -> bytes:
     head = f"event: {event}\n" + (f"id: {cursor}\n" if cursor else "")
     return head.encode() + b"data: " + data + b"\n\n"
+
+
+_WRITE = 64 << 10
+"""Frames are joined into writes of about this size at most."""
+
+
+def joined(frames: list[bytes]) -> Iterator[bytes]:
+    """``frames`` as a few writes of at most about ``_WRITE`` bytes (a long replay is not one
+    huge buffer)."""
+    start, size = 0, 0
+    for end, data in enumerate(frames, 1):
+        size += len(data)
+        if size >= _WRITE:
+            yield b"".join(frames[start:end])
+            start, size = end, 0
+    if start < len(frames):
+        yield b"".join(frames[start:])
 
 
 def event_frame(event: RecordedEvent, node: str) -> bytes:
@@ -289,18 +306,21 @@ def turn_stream_response(
                     from_=after.cursor() if after else None,
                     to=visible[-1].checkpoint.cursor() if visible else None,
                 )
-                yield frame("stream.replay", _ENCODE.encode(replay))
+                out = [frame("stream.replay", _ENCODE.encode(replay))]
                 batch = backlog
                 while True:
-                    for event in batch:
-                        if shown(event):
-                            yield event_frame(event, node)
+                    # What one read brought goes out in one write (a commit's events arrive
+                    # together from memory), not one per frame: each write is a trip through
+                    # the middlewares' send and a system call.
+                    out.extend(event_frame(event, node) for event in batch if shown(event))
                     if ended is not None:
-                        yield _ended_frame(turn_id, ended)
+                        out.append(_ended_frame(turn_id, ended))
+                    for chunk in joined(out):
+                        yield chunk
+                    if ended is not None:
                         return
                     batch = await sub.read(HEARTBEAT_S)
-                    if not batch:
-                        yield PING
+                    out = [] if batch else [PING]
                     ended = next((e for e in batch if isinstance(e.data, TurnEnd)), None)
 
     return EventStream(

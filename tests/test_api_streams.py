@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
 from eventstore import Checkpoint, to_wire
+from gateways.sse import joined
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes import FakeAnthropic, Reply
@@ -893,3 +894,15 @@ async def test_a_socket_that_reads_promptly_may_replay_more_than_1024_events(
             code = e.rcvd.code if e.rcvd else None
             raise AssertionError(f"a prompt reader was closed ({code}) during the replay") from e
     assert [e["cursor"] for e in envelopes(frames)] == cursors(events)
+
+
+def test_a_batch_of_frames_goes_out_in_few_writes_of_bounded_size() -> None:
+    """What one read of a stream brought is written at once (gateways/sse.py ``joined``); a
+    long replay is cut into writes of about 64 KiB, every byte kept in order."""
+    small = [f"data: {n}\n\n".encode() for n in range(20)]
+    assert list(joined(small)) == [b"".join(small)]
+    assert list(joined([])) == []
+    big = [bytes([65 + n % 26]) * 10_000 for n in range(50)]
+    writes = list(joined(big))
+    assert b"".join(writes) == b"".join(big)
+    assert len(writes) == 8 and all(len(w) <= (64 << 10) + 10_000 for w in writes)
