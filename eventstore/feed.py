@@ -193,12 +193,13 @@ class Subscription:
                 if fresh:
                     return fresh
                 continue
+            wait, memory_due = timeout, False
             left = self._memory_left()
             if left is not None and left <= 0:
                 self.leave_memory()
                 continue
-            memory_due = left is not None and left < timeout
-            wait = left if memory_due and left is not None else timeout
+            if left is not None and left < timeout:
+                wait, memory_due = left, True
             self._wake.clear()
             try:
                 await asyncio.wait_for(self._wake.wait(), wait)
@@ -364,7 +365,7 @@ class Feed:
     def recent(self, turn_id: str, after: Checkpoint) -> list[RecordedEvent] | None:
         """The turn's events after ``after`` from memory, or None when memory does not hold
         the turn from its first event (read it from Postgres)."""
-        held = self._recent.get(_TURN_STREAM + turn_id)
+        held = self.held(turn_id)
         if held is None:
             return None
         return [e for e in held if e.checkpoint > after]
