@@ -191,7 +191,7 @@ def ended_turn(events: Sequence[RecordedEvent]) -> dict[str, Any] | None:
     row: dict[str, Any] | None = None
     version = -1
     for event in events:
-        if not event.stream.startswith("turn-"):
+        if event.category != "turn":
             continue
         if event.version != version + 1:
             return None
@@ -210,7 +210,7 @@ def _started(event: RecordedEvent) -> dict[str, Any] | None:
     if not isinstance(data, TurnStart):
         return None
     return {
-        "turn_id": event.stream.removeprefix("turn-"), "agent_id": meta.agent_id or "",
+        "turn_id": event.stream.split("-", 1)[1], "agent_id": meta.agent_id or "",
         "session_key": meta.session_key or "", "status": "running", "state": "accepted",
         "source": data.source, "input": data.input, "text": "", "reasoning": "", "steps": 0,
         "attempt": 0, "prompt_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,

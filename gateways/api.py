@@ -360,18 +360,13 @@ def ended_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
 
 async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None) -> TurnResource:
     turn = ended_in_memory(runtime(request).feed, turn_id)
-    if turn is not None:
-        if (agent_id is None or turn.agent_id == agent_id) and principal(request).sees(
-            turn.agent_id
-        ):
-            return turn
-        rows: list[tuple[Any, ...]] = []
-    else:
+    if turn is None:
         rows = await fetch(request, "turn", {"turn_id": turn_id})
+        turn = turn_resource(rows[0]) if rows else None
     if (
-        not rows
-        or (agent_id is not None and rows[0][1] != agent_id)
-        or not principal(request).sees(rows[0][1])
+        turn is None
+        or (agent_id is not None and turn.agent_id != agent_id)
+        or not principal(request).sees(turn.agent_id)
     ):
         raise ApiError(
             404,
@@ -380,7 +375,7 @@ async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None)
             "check the turnId returned by POST .../messages",
             "turnId",
         )
-    return turn_resource(rows[0])
+    return turn
 
 
 # --- handlers --------------------------------------------------------------------------------
