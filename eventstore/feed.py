@@ -28,6 +28,12 @@ node's last (behind the ownership fence), and an outbox's events after the ``tur
 promised them. Memory can still lack what another node wrote after it took the turn over, so a
 reader of memory watches the tail: an event of its scope that memory does not give soon, memory
 letting the turn go, or a long silence sends it to Postgres, after the last event it gave.
+
+Whether what memory holds of a turn is *all* of it, now, is a question of ownership
+(:meth:`Feed.whole`): only the owner of a session's partition appends to its turns, under the
+partition's epoch, so while this node owns it under the epoch it owned it under at the turn's
+first event, no other node can have written to the turn. A lost partition drops its epoch here,
+and one won back has a higher one.
 """
 
 from __future__ import annotations
@@ -35,12 +41,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 
 import msgspec
 import structlog
 
-from eventstore.envelope import START, Checkpoint, RecordedEvent
+from eventstore.envelope import START, Checkpoint, Metadata, RecordedEvent
 from eventstore.errors import StoreUnavailable
 from eventstore.event import UnknownEvent, encode_data
 from eventstore.store import EventStore
@@ -62,6 +68,10 @@ _TURN_STREAM = "turn-"
 CHUNK = "model.chunk"
 REASONING = "reasoning"
 """The ``kind`` of a ``model.chunk`` that carries the model's thinking, not its answer."""
+
+OwnerOf = Callable[[Metadata], Hashable | None]
+"""Under what this node writes a session's turns now (its partition's epoch), from an event's
+metadata; None when it does not own the session."""
 
 
 class Scope(msgspec.Struct, frozen=True, kw_only=True):
@@ -317,6 +327,10 @@ class Feed:
         self._bytes: dict[str, int] = {}
         """Per turn stream held: the size of its events' data, as stored."""
         self._held_bytes = 0
+        self._owners: dict[str, Hashable] = {}
+        """Per turn stream held: what ``owner_of`` said at its first event, if not None."""
+        self.owner_of: OwnerOf | None = None
+        """Set by the node once its ownership is known; without it no turn is :meth:`whole`."""
 
     def remember(self, committed: Sequence[RecordedEvent]) -> None:
         """This node's own commits, in commit order (on the loop): turn streams are held while
@@ -329,7 +343,7 @@ class Feed:
                 if held is None:
                     if event.version != 0:
                         continue  # begun elsewhere (a resumed turn): Postgres has its start
-                    held = self._recent[stream] = []
+                    held = self._hold(stream, event.metadata)
                 elif self._heads[stream] + 1 != event.version:
                     self._forget(stream)  # a gap: another node wrote to it meanwhile
                     continue
@@ -355,10 +369,20 @@ class Feed:
         while (self._held > _RECENT_EVENTS or self._held_bytes > _RECENT_BYTES) and self._recent:
             self._forget(next(iter(self._recent)))
 
+    def _hold(self, stream: str, metadata: Metadata) -> list[RecordedEvent]:
+        """Begin holding a turn stream, noting under which epoch this node writes it."""
+        held: list[RecordedEvent] = []
+        self._recent[stream] = held
+        owner = self.owner_of(metadata) if self.owner_of is not None else None
+        if owner is not None:
+            self._owners[stream] = owner
+        return held
+
     def _forget(self, stream: str) -> None:
         self._held -= len(self._recent.pop(stream, ()))
         self._held_bytes -= self._bytes.pop(stream, 0)
         self._heads.pop(stream, None)
+        self._owners.pop(stream, None)
         for sub in self._turns.get(stream[len(_TURN_STREAM) :], ()):
             sub.leave_memory()
 
@@ -374,6 +398,18 @@ class Feed:
         """Every event memory holds of the turn (its stream from the first event, with the
         node's events on other streams that carry its id), or None. Not to be changed."""
         return self._recent.get(_TURN_STREAM + turn_id)
+
+    def whole(self, turn_id: str) -> Sequence[RecordedEvent] | None:
+        """:meth:`held`, when it is all of the turn's scope in the log now: this node has owned
+        the turn's session, under one epoch, since the turn's first event (so only this node
+        wrote to it, and every commit of its reaches memory before anything can read it from
+        the log here). None otherwise, or when it cannot know."""
+        stream = _TURN_STREAM + turn_id
+        held = self._recent.get(stream)
+        owner = self._owners.get(stream)
+        if held is None or owner is None or self.owner_of is None:
+            return None
+        return held if self.owner_of(held[0].metadata) == owner else None
 
     @property
     def subscribers(self) -> int:

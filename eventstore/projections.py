@@ -179,11 +179,12 @@ class TurnsProjection:
                 return []
 
 
-def ended_turn(events: Sequence[RecordedEvent]) -> dict[str, Any] | None:
+def turn_row(events: Sequence[RecordedEvent]) -> dict[str, Any] | None:
     """The ``turns`` row that :class:`TurnsProjection` leaves after ``events``, the same rules
-    folded in memory, when they hold a turn's whole stream (from its ``turn.start``, without a
-    gap, to its ``turn.end``: nothing changes the row after that) and it promised no delivery
-    (its ``deliveries`` are outbox rows, which move on after the turn). None otherwise.
+    folded in memory, when they hold a turn's stream from its ``turn.start`` without a gap and
+    it promised no delivery (its ``deliveries`` are outbox rows, which the fold cannot know).
+    None otherwise. Whether the events are all the stream holds is the caller's to know;
+    after a ``turn.end`` nothing changes the row, so an ended one is final.
 
     Keys are ``sql/turn.sql``'s columns; ``deliveries`` is empty. Events of other streams (a
     note the turn wrote on its session's) are skipped. tests/test_turn_memory.py checks that
@@ -202,7 +203,7 @@ def ended_turn(events: Sequence[RecordedEvent]) -> dict[str, Any] | None:
                 return None
         elif row["status"] != "running" or not _evolve_turn(row, event):
             return None  # past turn.end, or an event the row cannot be folded without
-    return row if row is not None and row["status"] != "running" else None
+    return row
 
 
 def _started(event: RecordedEvent) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ from actors.outbox import Channel
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
 from eventstore.catalogue import EndReason
 from eventstore.feed import Feed
-from eventstore.projections import ended_turn
+from eventstore.projections import turn_row
 from gateways import acceptance, ingress
 from gateways.auth import EVERYONE, PRIVATE_NEEDS_TOKEN, PRIVATE_QUERY, Principal
 from gateways.errors import json_response
@@ -346,20 +346,24 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     return TurnResource(**fields)
 
 
-def ended_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
-    """The resource of a turn this node ran and holds whole, ended and with nothing promised
-    to a channel (eventstore/projections.py ``ended_turn``): the projection's row, without the
-    query. A running turn's resource is read from Postgres: another node may take it over."""
+def turn_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
+    """The resource of a turn this node ran and holds from its first event, with nothing
+    promised to a channel (eventstore/projections.py ``turn_row``): the projection's row,
+    without the query. Ended, it is final; running, it is served only while memory holds all
+    of the turn (``Feed.whole``: this node still owns its session under the same epoch), or
+    else another node may have taken the turn over and Postgres knows more."""
     held = feed.held(turn_id) if feed is not None else None
-    row = ended_turn(held) if held else None
+    row = turn_row(held) if held else None
     if row is None:
+        return None
+    if row["status"] == "running" and (feed is None or feed.whole(turn_id) is None):
         return None
     row["calls"] = msgspec.convert(row["calls"], list[CallUsage])
     return TurnResource(**row)
 
 
 async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None) -> TurnResource:
-    turn = ended_in_memory(runtime(request).feed, turn_id)
+    turn = turn_in_memory(runtime(request).feed, turn_id)
     if turn is None:
         rows = await fetch(request, "turn", {"turn_id": turn_id})
         turn = turn_resource(rows[0]) if rows else None

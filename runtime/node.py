@@ -154,6 +154,15 @@ class Node:
 
     # --- lifecycle -----------------------------------------------------------------------------
 
+    def _fence_by(self, ownership: Ownership, store: EventStore, feed: Feed) -> None:
+        """Appends to sessions and turns go under the partition's epoch, a refusal tells the
+        ownership, and the feed knows under which epoch it remembered each turn."""
+        portal = self._portal
+        assert portal is not None, "the node is starting"
+        store.fencing = ownership.fence_for
+        store.on_fenced = lambda partition: portal.call_soon(ownership.fenced, partition)
+        feed.owner_of = ownership.epoch_of  # a running turn's resource from memory, while whole
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._portal = Portal(loop)
@@ -217,9 +226,7 @@ class Node:
             handover_seconds=self.settings.drain_seconds,
         )  # fmt: skip
         self.ownership = ownership
-        portal = self._portal
-        store.fencing = ownership.fence_for
-        store.on_fenced = lambda partition: portal.call_soon(ownership.fenced, partition)
+        self._fence_by(ownership, store, feed)
         self.commands = Commands(
             self.engine, ownership, self.nc,
             wait_seconds=min(self.accept_timeout, self.settings.lease_ttl_seconds + 2),

@@ -1,17 +1,19 @@
-"""The turn resource of a turn this node ran, served from memory once it has ended
-(eventstore/projections.py ``ended_turn``, gateways/api.py ``load_turn``): the same resource
-the turns projection holds in Postgres, for every kind of turn; and only where memory can know
-it (the whole stream, ended, nothing promised to a channel)."""
+"""The turn resource of a turn this node ran, served from memory (eventstore/projections.py
+``turn_row``, gateways/api.py ``load_turn``): the same resource the turns projection holds in
+Postgres, for every kind of turn, running or ended; and only where memory can know it (the
+stream from its start, nothing promised to a channel, and, while it runs, this node owning its
+session since its start: another node may have taken it over)."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import msgspec
 import pytest
 
-from eventstore import Metadata, NewEvent
+from eventstore import INLINE, EventStore, Fenced, Metadata, NewEvent
 from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
@@ -29,8 +31,9 @@ from eventstore.catalogue import (
     TurnStart,
 )
 from eventstore.event import Event
-from eventstore.projections import ended_turn
-from gateways.api import ended_in_memory, sql, turn_resource
+from eventstore.fencing import Fence
+from eventstore.projections import turn_row
+from gateways.api import sql, turn_in_memory, turn_resource
 from gateways.schemas import TurnResource
 from tests.conftest import ApiServer
 from tests.test_api_http import client_of, ended, post
@@ -149,17 +152,17 @@ async def test_an_ended_turn_from_memory_is_the_projections_row(api: ApiServer) 
         note = NewEvent(event=SessionNote(action="append", text="milk"), metadata=note_meta)
         await store_of(api.node).aappend("session-x", [note])
         for turn_id in [*real, *made]:
-            from_memory = ended_in_memory(api.node.feed, turn_id)
+            from_memory = turn_in_memory(api.node.feed, turn_id)
             assert from_memory is not None, turn_id
             from_postgres = await stored(api, turn_id)
             assert from_memory == from_postgres
             served = (await http.get(f"/v1/agents/assistant/turns/{turn_id}")).json()
             assert served == as_json(from_postgres)
-        thought = ended_in_memory(api.node.feed, made[0])
+        thought = turn_in_memory(api.node.feed, made[0])
         assert thought is not None and thought.reasoning == "Let me think.\n\nSecond thought."
-        tools = ended_in_memory(api.node.feed, made[1])
+        tools = turn_in_memory(api.node.feed, made[1])
         assert tools is not None and (tools.cache_read_tokens, len(tools.calls)) == (40, 2)
-        failed = ended_in_memory(api.node.feed, made[2])
+        failed = turn_in_memory(api.node.feed, made[2])
         assert failed is not None and (failed.attempt, failed.error_code) == (2, "model_overloaded")
         # Another agent's turn is not found through this one, from memory or not.
         other = await http.get(f"/v1/agents/nobody/turns/{made[0]}")
@@ -167,25 +170,73 @@ async def test_an_ended_turn_from_memory_is_the_projections_row(api: ApiServer) 
 
 
 @pytest.mark.asyncio
-async def test_memory_answers_only_for_a_whole_ended_turn_with_nothing_to_deliver(
+async def test_memory_answers_only_for_a_turn_held_from_its_start_with_nothing_to_deliver(
     api: ApiServer,
 ) -> None:
     async with client_of(api) as http:
         await ended(http, (await post(http, "hello", sessionKey=SESSION)).json()["turnId"])
         running = await append_turn(api, thinking_turn()[:-1])
-        assert api.node.feed is not None and api.node.feed.held(running) is not None
-        assert ended_in_memory(api.node.feed, running) is None
-        assert (await http.get(f"/v1/agents/assistant/turns/{running}")).json()["status"] == (
-            "running"
-        )
+        assert api.node.feed is not None and api.node.feed.whole(running) is not None
+        from_memory = turn_in_memory(api.node.feed, running)
+        assert from_memory is not None and from_memory.status == "running"
+        assert from_memory == await stored(api, running)
+        served = (await http.get(f"/v1/agents/assistant/turns/{running}")).json()
+        assert served == as_json(from_memory)
 
         delivered = await append_turn(api, delivered_turn())
-        assert ended_in_memory(api.node.feed, delivered) is None
+        assert turn_in_memory(api.node.feed, delivered) is None
         turn = (await http.get(f"/v1/agents/assistant/turns/{delivered}")).json()
         assert [d["channel"] for d in turn["deliveries"]] == ["nowhere"]
 
     # A turn whose stream memory does not hold from its first event: Postgres answers.
     held = api.node.feed.held(running) or []
-    assert ended_turn(held[1:]) is None
-    assert ended_turn(list(reversed(held))) is None
-    assert ended_turn([]) is None
+    assert turn_row(held[1:]) is None
+    assert turn_row(list(reversed(held))) is None
+    assert turn_row([]) is None
+
+
+@pytest.mark.asyncio
+async def test_a_running_turn_another_node_took_over_is_read_from_postgres(
+    api: ApiServer,
+) -> None:
+    """Memory holds the turn as this node left it, running. Another node takes the session's
+    partition (raises its fence) and ends the turn; this node learns it lost the partition when
+    the fence refuses its next append. From then on memory does not answer for the turn, even
+    if the node wins the partition back: the turn's end is in Postgres only."""
+    node, feed, ownership = api.node, api.node.feed, api.node.ownership
+    assert feed is not None and ownership is not None
+    async with client_of(api) as http:
+        await ended(http, (await post(http, "hello", sessionKey=SESSION)).json()["turnId"])
+        running = await append_turn(api, thinking_turn()[:-1])
+        partition = ownership.partition("assistant", SESSION)
+        epoch = ownership.epochs[partition]
+        assert feed.whole(running) is not None
+
+        store = store_of(node)
+        other = EventStore(store.conninfo, schema=store.schema, inline=INLINE)  # another node
+        await other.aopen()
+        try:
+            assert await other.araise_fences([Fence(partition, epoch + 1)]) == {
+                partition: epoch + 1
+            }
+            meta = Metadata(agent_id="assistant", session_key=SESSION, turn_id=running)
+            end = TurnEnd(reason="stopped", steps=0, tokens=Tokens(), duration_ms=1)
+            version = len(thinking_turn()) - 2
+            await other.aappend(f"turn-{running}", [NewEvent(event=end, metadata=meta)],
+                                version, fence=Fence(partition, epoch + 1))  # fmt: skip
+        finally:
+            await other.aclose()
+
+        # This node's next append under its old epoch is refused: it gives the partition up.
+        with pytest.raises(Fenced):
+            await store.aappend(f"session-{SESSION}-late", [NewEvent(event=end, metadata=meta)])
+        for _ in range(200):
+            if ownership.epochs.get(partition) != epoch:
+                break
+            await asyncio.sleep(0.025)
+        assert ownership.epochs.get(partition) != epoch
+        assert feed.held(running) is not None  # memory still holds it, as this node left it
+        assert feed.whole(running) is None
+        assert turn_in_memory(feed, running) is None
+        turn = (await http.get(f"/v1/agents/assistant/turns/{running}")).json()
+        assert turn["status"] == "stopped"

@@ -204,6 +204,14 @@ class Ownership:
         partition = partition_of(metadata.agent_id, metadata.session_key, self.count)
         return Fence(partition, self.epochs.get(partition, 0))
 
+    def epoch_of(self, metadata: Metadata) -> int | None:
+        """The epoch under which this node writes the session's turns now (it owns the
+        session's partition), or None: the feed's test of whether memory holds a turn whole
+        (eventstore/feed.py ``Feed.whole``)."""
+        if metadata.agent_id is None or metadata.session_key is None:
+            return None
+        return self.epochs.get(partition_of(metadata.agent_id, metadata.session_key, self.count))
+
     def owns(self, partition: int) -> bool:
         """Commands for ``partition`` are served here now (open, not opening or closing)."""
         return (
