@@ -15,11 +15,11 @@ from actors.tools.notes import StoreNotes
 from eventstore import EventStore
 
 _SQL = resources.files("actors.context").joinpath("sql")
-_ENTRIES = _SQL.joinpath("entries.sql").read_text().encode()
-_SNAPSHOT = _SQL.joinpath("snapshot.sql").read_text().encode()
-_LAST_END = _SQL.joinpath("last_end.sql").read_text().encode()
+_HISTORY = _SQL.joinpath("history.sql").read_text().encode()
 _ARTIFACT = _SQL.joinpath("artifact.sql").read_text().encode()
 _JSON = msgspec.json.Decoder(Any)
+_VIEW, _LAST_END = 0, 1
+"""The kinds of sql/history.sql's rows besides the history's own (2)."""
 _BADLY = {"max_steps", "timeout", "output_limit", "truncated", "error"}
 _SLIM = {"dedupe", "stub"}
 
@@ -30,34 +30,31 @@ async def load(
     """The history a turn of the session that started at log position ``before`` reads (None:
     the next turn's)."""
     key = {"agent_id": agent_id, "session_key": session_key, "before": before}
-    # Four reads side by side on the pool: one round trip's wait, not four, for the first turn
-    # of every session a node activates (entries.sql finds the digest's end by itself).
+    # Two reads side by side on the pool: the session's view, rows and last end in one
+    # statement (sql/history.sql), its notes from its stream.
     reads = await asyncio.gather(
-        store.afetch(_SNAPSHOT, key),
-        store.afetch(_ENTRIES, key),
-        store.afetch(_LAST_END, key),
+        store.afetch(_HISTORY, key),
         StoreNotes(store, agent_id, session_key, "").read(),
-        return_exceptions=True,  # each read ends before one's error is raised
+        return_exceptions=True,  # both end before one's error is raised
     )
     for failed in reads:
         if isinstance(failed, BaseException):
             raise failed
-    snapshot, rows, last_end, notes = reads
-    view = View()
-    for digest_text, marks_text in snapshot:
-        digest = msgspec.json.decode(digest_text, type=Digest) if digest_text else None
-        view = View(digest=digest, marks=_JSON.decode(marks_text))
-    entries = [
-        entry(turn_id, start, role, _JSON.decode(text)) for turn_id, start, role, text in rows
-    ]
+    rows, notes = reads
+    view, last_error, entries = View(), None, []
+    for kind, start, _, a, b, c in rows:
+        if kind == _VIEW:
+            digest = msgspec.json.decode(a, type=Digest) if a else None
+            view = View(digest=digest, marks=_JSON.decode(b))
+        elif kind == _LAST_END:
+            last_error = last_error_line(a, b, c)
+        else:
+            entries.append(entry(a, start, b, _JSON.decode(c)))
     # The bodies of results shown as stubs are not kept (the view never shows them again).
     entries = [slim(e) if view.marks.get(e.obs_id or "") in _SLIM else e for e in entries]
     present = {e.obs_id for e in entries if e.obs_id is not None}
     if any(k not in present for k in view.marks):
         view = View(digest=view.digest, marks={k: v for k, v in view.marks.items() if k in present})
-    last_error = None
-    for status, code, message in last_end:
-        last_error = last_error_line(status, code, message)
     return History(entries=entries, view=view, notes=tuple(notes), last_error=last_error)
 
 
