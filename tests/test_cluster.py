@@ -326,8 +326,11 @@ async def test_a_node_paused_past_its_lease_is_fenced_and_its_turns_end_once_els
     await assert_no_call_ran_twice(deployment)
     tried = await attempts(deployment, stranded)
     for turn_id in stranded:
+        # Another node resumed it while n1 was stopped. (Once n1 runs again, the rebalance may
+        # hand the partition back to it: a turn still running then is resumed on n1 once more,
+        # which is no less correct; ending once and no call twice are checked above.)
         after = [r for r in tried[turn_id] if r.at > paused_at]
-        assert after and after[-1].data["node"] != "n1", (turn_id, tried[turn_id])
+        assert any(r.data["node"] != "n1" for r in after), (turn_id, tried[turn_id])
     refusals = await paused.metric("dispach_fence_refusals_total")
     lost = [e for e in paused.log_events() if e.get("event") == "lease_lost"]
     print(f"n1 after SIGCONT: dispach_fence_refusals_total={refusals:g}, "
