@@ -21,6 +21,9 @@ from __future__ import annotations
 from _report import drop_schemas, free_port, servers, stop_server, wait_ready
 
 # isort: split
+from ab import AGENT, LOADGEN  # the same agent and driver as the A/B runs
+
+# isort: split
 import argparse
 import asyncio
 import collections
@@ -38,15 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-LOADGEN = Path("/work/shared/tools/loadgen/loadgen.py")
 ROOT = Path(__file__).resolve().parent.parent
-AGENT = """\
-id: bench
-name: Benchmark agent
-model:
-  provider: scripted
-tools: [calculator]
-"""
 Mark = tuple[float, str, str]
 
 

@@ -402,8 +402,8 @@ class Feed:
     def whole(self, turn_id: str) -> Sequence[RecordedEvent] | None:
         """:meth:`held`, when it is all of the turn's scope in the log now: this node has owned
         the turn's session, under one epoch, since the turn's first event (so only this node
-        wrote to it, and every commit of its reaches memory before anything can read it from
-        the log here). None otherwise, or when it cannot know."""
+        wrote to it, and each of its commits is here from the writer's hand-over on, the moment
+        its appender is answered). None otherwise, or when it cannot know."""
         stream = _TURN_STREAM + turn_id
         held = self._recent.get(stream)
         owner = self._owners.get(stream)
