@@ -77,6 +77,20 @@ class _Row(msgspec.Struct):
 
 
 OnCommit = Callable[[Sequence[RecordedEvent]], None]
+Sync = Callable[[], None]
+"""Ends a statement whose rows the writer reads in the middle of its transaction: the pipeline's
+``sync`` there. psycopg would otherwise ask for the rows with a flush request, and a session
+between a flush and the next statement is ``active`` to Postgres, where
+``idle_in_transaction_session_timeout`` does not reach it: a node stopped there (SIGSTOP, a
+frozen VM) kept its locks, its partitions' fence rows among them, until it ran again, and no
+other node could raise the fences to take its partitions over. After a Sync it waits ``idle in
+transaction`` and Postgres ends it after ``IDLE_IN_TRANSACTION_TIMEOUT`` (eventstore/_sql.py);
+its node then finds the connection gone, and the fence refuses its retry. The same round trip
+either way."""
+
+
+def _unpipelined() -> None:
+    """Outside a pipeline every statement is answered whole: nothing to end."""
 
 
 class GroupCommitWriter:
@@ -385,27 +399,31 @@ class GroupCommitWriter:
         )
         with conn.cursor() as cur:
             if not in_transaction:
-                return self._decide_and_insert(cur, batch, careful=careful)
-            with conn.pipeline():
+                return self._decide_and_insert(cur, batch, careful=careful, sync=_unpipelined)
+            with conn.pipeline() as pipeline:
                 cur.execute(b"BEGIN")
-                outcomes, committed, again = self._decide_and_insert(cur, batch, careful=careful)
+                outcomes, committed, again = self._decide_and_insert(
+                    cur, batch, careful=careful, sync=pipeline.sync
+                )
                 run_statements(cur, statements_for(self._inline, committed))
                 cur.execute(b"COMMIT")
         return outcomes, committed, again
 
     def _decide_and_insert(
-        self, cur: psycopg.Cursor[Any], batch: list[Command], *, careful: bool
+        self, cur: psycopg.Cursor[Any], batch: list[Command], *, careful: bool, sync: Sync
     ) -> tuple[dict[Command, AppendResult | StoreError], list[RecordedEvent], list[Command]]:
+        """Insert what the batch may append; ``sync`` ends each statement whose rows are read
+        inside the transaction (see :data:`Sync`)."""
         outcomes: dict[Command, AppendResult | StoreError] = {}
         again: list[Command] = []
         committed: list[RecordedEvent] = []
         if careful:
-            outcomes, _ = self._explain(cur, batch, careful=True)
+            outcomes, _ = self._explain(cur, batch, careful=True, sync=sync)
         todo = [c for c in batch if c not in outcomes]
-        stored = self._insert(cur, todo) if todo else {}
+        stored = self._insert(cur, todo, sync) if todo else {}
         refused = [c for c in todo if c.events[0].event_id not in stored]
         if refused:
-            explained, again = self._explain(cur, refused, careful=False)
+            explained, again = self._explain(cur, refused, careful=False, sync=sync)
             outcomes.update(explained)
         for command in todo:
             if command in outcomes or command in again:
@@ -417,7 +435,9 @@ class GroupCommitWriter:
             committed.extend(recorded)
         return outcomes, committed, again
 
-    def _insert(self, cur: psycopg.Cursor[Any], commands: list[Command]) -> dict[uuid.UUID, Any]:
+    def _insert(
+        self, cur: psycopg.Cursor[Any], commands: list[Command], sync: Sync
+    ) -> dict[uuid.UUID, Any]:
         rows = [
             _Row(command.stream, command.expected, order, new.event_id, type_name(new.event),
                  msgspec.Raw(encode_data(new.event)), msgspec.Raw(_JSON.encode(new.metadata)),
@@ -431,10 +451,11 @@ class GroupCommitWriter:
             load("append").encode(),
             {"rows": _JSON.encode(rows).decode(), "parts": fenced_partitions(commands)},
         )
+        sync()
         return {row[0]: row[1:] for row in cur.fetchall()}
 
     def _explain(
-        self, cur: psycopg.Cursor[Any], commands: list[Command], *, careful: bool
+        self, cur: psycopg.Cursor[Any], commands: list[Command], *, careful: bool, sync: Sync
     ) -> tuple[dict[Command, AppendResult | StoreError], list[Command]]:
         """Decide commands from the stored heads, ids and fences: a retry of stored events is
         answered with the originals, an epoch older than its partition's fence is refused, a
@@ -443,15 +464,18 @@ class GroupCommitWriter:
         between the insert and this read, and they are simply retried. Fences only rise, so a
         command the insert refused for its epoch is refused here too."""
         cur.execute(load("heads").encode(), {"streams": [c.stream for c in commands]})
+        sync()
         heads = {stream: (-1 if head is None else head) for stream, head in cur.fetchall()}
         cur.execute(
             load("existing").encode(), {"ids": [e.event_id for c in commands for e in c.events]}
         )
+        sync()
         existing = {row[4]: decode_row(row) for row in cur.fetchall()}
         parts = fenced_partitions(commands)
         fences: dict[int, int] = {}
         if parts:  # unfenced commands spare the round trip
             cur.execute(load("fences").encode(), {"parts": parts})
+            sync()
             fences = {partition: epoch for partition, epoch in cur.fetchall()}
         decided: dict[Command, AppendResult | StoreError] = {}
         acceptable: list[Command] = []
