@@ -113,12 +113,11 @@ class TurnsProjection:
                     )
                 ]
             case TurnAttempt(attempt=attempt):
-                state = "running" if attempt == 1 else "resuming"
                 return [
                     (
                         """UPDATE turns SET attempt = %s, state = %s, last_position = %s
                             WHERE turn_id = %s AND status = 'running'""",
-                        [attempt, state, pos, turn_id],
+                        [attempt, _state_after(event.data), pos, turn_id],
                     )
                 ]
             case ModelResult() as r:
@@ -139,12 +138,11 @@ class TurnsProjection:
                     )
                 ]
             case ApprovalRequested() | ApprovalResolved():
-                state = "awaiting_approval" if event.type == ApprovalRequested.TYPE else "running"
                 return [
                     (
                         """UPDATE turns SET state = %s, last_position = %s
                             WHERE turn_id = %s AND status = 'running'""",
-                        [state, pos, turn_id],
+                        [_state_after(event.data), pos, turn_id],
                     )
                 ]
             case TurnEnd() as end:
@@ -215,6 +213,8 @@ _FOLDED = (TurnAttempt, ModelResult, ApprovalRequested, ApprovalResolved)
 
 
 def _state_after(data: Event | UnknownEvent) -> str:
+    """A running turn's ``state`` after an attempt, a model result or an approval event: the
+    one rule the projection's statements, their fold and the memory fold all follow."""
     match data:
         case TurnAttempt(attempt=attempt):
             return "running" if attempt == 1 else "resuming"
@@ -326,7 +326,7 @@ def _evolve_turn(row: dict[str, Any], event: RecordedEvent) -> bool:
     match event.data:
         case TurnAttempt(attempt=attempt):
             row["attempt"] = attempt
-            row["state"] = "running" if attempt == 1 else "resuming"
+            row["state"] = _state_after(event.data)
         case ModelResult() as r:
             thought = reasoning_of(r)
             if thought:  # concat_ws over nullif(reasoning, '')
@@ -339,11 +339,9 @@ def _evolve_turn(row: dict[str, Any], event: RecordedEvent) -> bool:
             row["cache_read_tokens"] += r.cache_read_tokens
             row["cache_write_tokens"] += r.cache_write_tokens
             row["calls"].append(call_usage(r))
-            row["state"] = "running"
-        case ApprovalRequested():
-            row["state"] = "awaiting_approval"
-        case ApprovalResolved():
-            row["state"] = "running"
+            row["state"] = _state_after(event.data)
+        case ApprovalRequested() | ApprovalResolved():
+            row["state"] = _state_after(event.data)
         case DeliveryEnqueued():
             return False
         case TurnEnd() as end:
