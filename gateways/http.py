@@ -37,6 +37,7 @@ from gateways.errors import error_response, json_response
 from gateways.metrics import metrics_endpoint
 from gateways.origins import Cors, Reach
 from gateways.readiness import Readiness
+from gateways.routing import IndexedRouter
 from gateways.schemas import Health, Ready
 from gateways.streamtokens import StreamTokens
 from gateways.telemetry import Telemetry
@@ -213,6 +214,7 @@ def create_app(
             Middleware(Readiness, runtime=rt),
         ],
     )
+    app.router = IndexedRouter(routes)
     app.state.runtime = rt
     app.state.max_body = max_body  # read_body's cap, on every transfer encoding
     app.state.stream_tokens = stream_tokens
