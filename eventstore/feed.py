@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Hashable, Sequence
+from typing import Any
 
 import msgspec
 import structlog
@@ -49,6 +50,7 @@ import structlog
 from eventstore.envelope import START, Checkpoint, Metadata, RecordedEvent
 from eventstore.errors import StoreUnavailable
 from eventstore.event import UnknownEvent, encode_data
+from eventstore.projections import TURN_COLUMNS, turn_row
 from eventstore.store import EventStore
 
 log = structlog.get_logger("dispach.feed")
@@ -59,6 +61,13 @@ _RECENT_EVENTS = 4096
 _RECENT_BYTES = 8 << 20
 """And their data's size as stored, all together: a turn's input, a tool's output or a model's
 reply can each be large (a request body may be 1 MB), and 4,096 of them must not be."""
+_ENDED_TURNS = 4096
+"""Turns that ended whose events memory let go, kept as their final turn rows (what a poll of
+the turn reads), the newest this many..."""
+_ENDED_BYTES = 2 << 20
+"""...and within this size all together (``_ended_size``: a row's texts and its overhead)."""
+_ENDED_ROW = 600
+"""About what a final row costs besides its texts: the tuple, its numbers and times."""
 _WITNESS_GRACE = 0.1
 """How long memory may take to give an event the tail has read (it is handed over on the loop
 right after its commit, so a millisecond or so) before the reader catches up from Postgres."""
@@ -297,6 +306,10 @@ class Subscription:
             self._feed._remove(self)
 
 
+def _ended_size(row: dict[str, Any]) -> int:
+    return _ENDED_ROW + len(row["input"]) + len(row["text"]) + len(row["reasoning"])
+
+
 class Feed:
     """The node's one tail of the log (see the module docstring).
 
@@ -329,6 +342,9 @@ class Feed:
         self._held_bytes = 0
         self._owners: dict[str, Hashable] = {}
         """Per turn stream held: what ``owner_of`` said at its first event, if not None."""
+        self._ended: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
+        """Per turn id: the final row (``TURN_COLUMNS``' values) of a turn memory let go."""
+        self._ended_bytes = 0
         self.owner_of: OwnerOf | None = None
         """Set by the node once its ownership is known; without it no turn is :meth:`whole`."""
 
@@ -367,7 +383,22 @@ class Feed:
                     if sub.scope.matches(event):
                         sub.offer_held(event)
         while (self._held > _RECENT_EVENTS or self._held_bytes > _RECENT_BYTES) and self._recent:
-            self._forget(next(iter(self._recent)))
+            self._let_go(next(iter(self._recent)))
+
+    def _let_go(self, stream: str) -> None:
+        """Memory is full: the oldest turn's events go. If they hold the turn ended, with
+        nothing promised to a channel, its final row stays (:meth:`ended`): a client that polls
+        a turn a few seconds after it ended, at hundreds of turns a second, is then not a
+        query."""
+        row = turn_row(self._recent[stream])
+        if row is not None and row["status"] != "running":
+            turn_id = stream[len(_TURN_STREAM) :]
+            self._ended[turn_id] = tuple(row[column] for column in TURN_COLUMNS)
+            self._ended_bytes += _ended_size(row)
+            while len(self._ended) > _ENDED_TURNS or self._ended_bytes > _ENDED_BYTES:
+                _, values = self._ended.popitem(last=False)
+                self._ended_bytes -= _ended_size(dict(zip(TURN_COLUMNS, values, strict=True)))
+        self._forget(stream)
 
     def _hold(self, stream: str, metadata: Metadata) -> list[RecordedEvent]:
         """Begin holding a turn stream, noting under which epoch this node writes it."""
@@ -398,6 +429,13 @@ class Feed:
         """Every event memory holds of the turn (its stream from the first event, with the
         node's events on other streams that carry its id), or None. Not to be changed."""
         return self._recent.get(_TURN_STREAM + turn_id)
+
+    def ended(self, turn_id: str) -> dict[str, Any] | None:
+        """The final row (``turn_row``'s) of a turn that ended on this node, once memory let
+        its events go (:meth:`held` no longer has them), while it is among the newest kept;
+        else None. A new dict each call."""
+        values = self._ended.get(turn_id)
+        return None if values is None else dict(zip(TURN_COLUMNS, values, strict=True))
 
     def whole(self, turn_id: str) -> Sequence[RecordedEvent] | None:
         """:meth:`held`, when it is all of the turn's scope in the log now: this node has owned

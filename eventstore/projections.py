@@ -305,6 +305,15 @@ def turn_row(events: Sequence[RecordedEvent]) -> dict[str, Any] | None:
     return row
 
 
+TURN_COLUMNS = (
+    "turn_id", "agent_id", "session_key", "status", "state", "source", "input", "text",
+    "reasoning", "steps", "attempt", "prompt_tokens", "output_tokens", "cache_read_tokens",
+    "cache_write_tokens", "started_at", "error_code", "error_message", "error_hint", "ended_at",
+    "duration_ms", "deliveries", "calls",
+)  # fmt: skip
+"""The keys of a :func:`turn_row`, in its order."""
+
+
 def _started(event: RecordedEvent) -> dict[str, Any] | None:
     data, meta = event.data, event.metadata
     if not isinstance(data, TurnStart):

@@ -31,6 +31,7 @@ from eventstore.catalogue import (
     TurnStart,
 )
 from eventstore.event import Event
+from eventstore.feed import _ENDED_BYTES, _RECENT_EVENTS
 from eventstore.fencing import Fence
 from eventstore.projections import turn_row
 from gateways.api import sql, turn_in_memory, turn_resource
@@ -240,3 +241,68 @@ async def test_a_running_turn_another_node_took_over_is_read_from_postgres(
         assert turn_in_memory(feed, running) is None
         turn = (await http.get(f"/v1/agents/assistant/turns/{running}")).json()
         assert turn["status"] == "stopped"
+
+
+def filler(chunks: int, text: str = "") -> list[Event]:
+    """An ended turn of ``chunks`` chunks: pushes older turns out of memory in few appends."""
+    return [
+        TurnStart(source="api", input=text or "fill"),
+        *(ModelChunk(delta="x") for _ in range(chunks)),
+        TurnEnd(reason="final", steps=0, tokens=Tokens(), duration_ms=1, text="x" * chunks),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_an_ended_turn_is_still_served_from_memory_once_its_events_go(
+    api: ApiServer,
+) -> None:
+    """Memory holds the newest turns' events (``_RECENT_EVENTS``); when it lets a turn's go, an
+    ended turn keeps its final row: a poll of it is still no query, and still the projection's
+    row. A running turn, or one that promised a delivery, is not kept: Postgres answers."""
+    feed = api.node.feed
+    assert feed is not None
+    async with client_of(api) as http:
+        real = (await post(http, "calculate 6*7", sessionKey=SESSION)).json()["turnId"]
+        await ended(http, real)
+        kept = [
+            real,
+            await append_turn(api, thinking_turn()),
+            await append_turn(api, tool_turn(), split=4),
+            await append_turn(api, failed_turn()),
+        ]
+        running = await append_turn(api, thinking_turn()[:-1])
+        delivered = await append_turn(api, delivered_turn())
+        for _ in range(_RECENT_EVENTS // 200 + 1):
+            await append_turn(api, filler(198))
+        for turn_id in [*kept, running, delivered]:
+            assert feed.held(turn_id) is None, turn_id
+        for turn_id in kept:
+            assert feed.ended(turn_id) is not None, turn_id
+            from_postgres = await stored(api, turn_id)
+            assert turn_in_memory(feed, turn_id) == from_postgres
+            served = (await http.get(f"/v1/agents/assistant/turns/{turn_id}")).json()
+            assert served == as_json(from_postgres)
+        assert (await http.get(f"/v1/agents/nobody/turns/{kept[0]}")).status_code == 404
+        for turn_id in (running, delivered):
+            assert feed.ended(turn_id) is None and turn_in_memory(feed, turn_id) is None
+        turn = (await http.get(f"/v1/agents/assistant/turns/{running}")).json()
+        assert turn["status"] == "running"
+        turn = (await http.get(f"/v1/agents/assistant/turns/{delivered}")).json()
+        assert [d["channel"] for d in turn["deliveries"]] == ["nowhere"]
+
+
+@pytest.mark.asyncio
+async def test_the_ended_turns_memory_keeps_is_bounded_by_their_size(api: ApiServer) -> None:
+    """Big turns (256 KiB of input each): memory keeps the newest of them within
+    ``_ENDED_BYTES``, and lets the oldest go first."""
+    feed = api.node.feed
+    assert feed is not None
+    big = "y" * (256 << 10)
+    turns = [await append_turn(api, filler(1, big)) for _ in range(_ENDED_BYTES // len(big) + 40)]
+    gone = [turn_id for turn_id in turns if feed.held(turn_id) is None]
+    kept = [turn_id for turn_id in gone if feed.ended(turn_id) is not None]
+    assert len(gone) > len(kept) > 0
+    assert kept == gone[len(gone) - len(kept) :]  # the newest of those memory let go
+    assert len(kept) * len(big) <= _ENDED_BYTES < (len(kept) + 1) * (len(big) + 1000)
+    from_memory = turn_in_memory(feed, kept[0])
+    assert from_memory is not None and from_memory == await stored(api, kept[0])
