@@ -1,6 +1,7 @@
 """A/B of the HTTP path: this tree against an older commit, alternated in one run.
 
     .venv/bin/python bench/ab.py --baseline <rev> [--rounds 6] [--turns 300] [--quick]
+                                 [--phases seq,burst,closed,reattach]
 
 What a change to the edge costs (the Origin and content-type checks, stream tokens, read
 timeouts...) is smaller than the drift of a shared 2-core machine between two runs minutes apart.
@@ -10,7 +11,8 @@ driver: ``seq`` (one turn at a time: accept p50/p99, end-to-end p50), ``burst`` 
 submitters, 16 sessions: turns/s, accept p50, the server process's CPU per turn), ``closed``
 (16 streamed turns in flight, ``POST {stream: true}`` read to ``turn.end``: turns/s, the first
 frame, CPU per turn) and ``reattach`` (POST, then the turn's stream: its first event and its
-``turn.end``, from the POST). The baseline
+``turn.end``, from the POST), or those ``--phases`` names; every round also reports the
+server's peak RSS. The baseline
 tree is a detached ``git worktree`` of ``--baseline`` in a temporary directory, run by this
 interpreter with its packages first on ``PYTHONPATH`` (the same dependencies; only our code
 differs). Prints each round, then per tree the median of its rounds and the ratio this tree /
@@ -33,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,19 +49,28 @@ model:
   provider: scripted
 tools: [calculator]
 """
-FIGURES = (
-    ("accept p50 (seq)", "ms"),
-    ("accept p99 (seq)", "ms"),
-    ("end-to-end p50 (seq)", "ms"),
-    ("accept p50 (burst)", "ms"),
-    ("burst turns/s", "/s"),
-    ("server CPU per turn (burst)", "ms"),
-    ("closed loop turns/s", "/s"),
-    ("first frame p50 (closed)", "ms"),
-    ("server CPU per turn (closed)", "ms"),
-    ("first SSE event p50 (reattach)", "ms"),
-    ("turn.end via SSE p50 (reattach)", "ms"),
-)
+PHASES = ("seq", "burst", "closed", "reattach")
+FIGURES: tuple[tuple[str, str, str, Callable[[dict[str, Any]], float]], ...] = (
+    ("seq", "accept p50 (seq)", "ms", lambda r: r["seq_e2e"]["accept_ms"]["p50"]),
+    ("seq", "accept p99 (seq)", "ms", lambda r: r["seq_e2e"]["accept_ms"]["p99"]),
+    ("seq", "end-to-end p50 (seq)", "ms", lambda r: r["seq_e2e"]["e2e_ms"]["p50"]),
+    ("burst", "accept p50 (burst)", "ms", lambda r: r["burst"]["accept_ms"]["p50"]),
+    ("burst", "burst turns/s", "/s", lambda r: r["burst"]["turns_per_s_wall"]),
+    ("burst", "server CPU per turn (burst)", "ms",
+     lambda r: r["burst"]["cpu_s"]["server"] * 1000 / r["burst"]["n"]),
+    ("closed", "closed loop turns/s", "/s", lambda r: r["closed_loop"]["turns_per_s"]),
+    ("closed", "first frame p50 (closed)", "ms",
+     lambda r: r["closed_loop"]["accept_first_frame_ms"]["p50"]),
+    ("closed", "server CPU per turn (closed)", "ms",
+     lambda r: r["closed_loop"]["cpu_s"]["server"] * 1000 / r["closed_loop"]["n"]),
+    ("reattach", "first SSE event p50 (reattach)", "ms",
+     lambda r: r["stream_reattach"]["first_event_ms"]["p50"]),
+    ("reattach", "turn.end via SSE p50 (reattach)", "ms",
+     lambda r: r["stream_reattach"]["turn_end_ms"]["p50"]),
+    ("", "server peak RSS", "MiB", lambda r: r["server_mem_kb"]["VmHWM"] / 1024),
+)  # fmt: skip
+"""Per figure: the phase it comes from ("": every run), its label and unit, and where the
+driver's result has it."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,9 @@ class Tree:
     path: Path
 
 
-async def one_round(tree: Tree, url: str, nats_url: str, turns: int, work: Path) -> list[float]:
+async def one_round(
+    tree: Tree, url: str, nats_url: str, turns: int, phases: list[str], work: Path
+) -> list[float]:
     schema = f"bench_{secrets.token_hex(4)}"
     root = work / schema
     (root / "agents").mkdir(parents=True)
@@ -91,36 +105,22 @@ async def one_round(tree: Tree, url: str, nats_url: str, turns: int, work: Path)
             )  # fmt: skip
         try:
             await wait_ready(server, base, log)
-            result = await loadgen(base, server.pid, turns)
+            result = await loadgen(base, server.pid, turns, phases)
         finally:
             status = await stop_server(server)
         if status != 0:
             raise SystemExit(f"{tree.name}: dispach serve exited with {status}")
     finally:
         drop_schemas(url, [schema])
-    seq, burst, closed = result["seq_e2e"], result["burst"], result["closed_loop"]
-    reattach = result["stream_reattach"]
-    if result.get("errors") or burst["post_errors"]:
+    if result.get("errors") or result.get("burst", {}).get("post_errors"):
         raise SystemExit(f"{tree.name}: driver errors {result.get('errors')}")
-    return [
-        seq["accept_ms"]["p50"],
-        seq["accept_ms"]["p99"],
-        seq["e2e_ms"]["p50"],
-        burst["accept_ms"]["p50"],
-        burst["turns_per_s_wall"],
-        burst["cpu_s"]["server"] * 1000 / turns,
-        closed["turns_per_s"],
-        closed["accept_first_frame_ms"]["p50"],
-        closed["cpu_s"]["server"] * 1000 / closed["n"],
-        reattach["first_event_ms"]["p50"],
-        reattach["turn_end_ms"]["p50"],
-    ]
+    return [figure(result) for phase, _, _, figure in FIGURES if phase in ("", *phases)]
 
 
-async def loadgen(base: str, pid: int, turns: int) -> dict[str, Any]:
+async def loadgen(base: str, pid: int, turns: int, phases: list[str]) -> dict[str, Any]:
     argv = [
         sys.executable, str(LOADGEN), "--base", base, "--agent", "bench", "--pid", str(pid),
-        "--phases", "seq,burst,closed,reattach", "--turns", str(turns), "--sessions", "16",
+        "--phases", ",".join(phases), "--turns", str(turns), "--sessions", "16",
         "--submitters", "16",
     ]  # fmt: skip
     child = await asyncio.create_subprocess_exec(
@@ -144,21 +144,23 @@ def git(*args: str) -> str:
                           text=True).stdout.strip()  # fmt: skip
 
 
-async def bench(trees: list[Tree], rounds: int, turns: int, work: Path) -> None:
+async def bench(trees: list[Tree], rounds: int, turns: int, phases: list[str], work: Path) -> None:
     measured: dict[int, list[list[float]]] = {0: [], 1: []}
+    shown = [(label, unit) for phase, label, unit, _ in FIGURES if phase in ("", *phases)]
     with servers() as found:
         print(f"rounds: {rounds} ({' '.join('AB'[i] for i in order(rounds))}, A = baseline);"
-              f" turns per phase: {turns}; driver: {LOADGEN}")  # fmt: skip
+              f" phases: {','.join(phases)}; turns per phase: {turns};"
+              f" driver: {LOADGEN}")  # fmt: skip
         for n, which in enumerate(order(rounds), 1):
             tree = trees[which]
-            figures = await one_round(tree, found.database_url, found.nats_url, turns, work)
+            figures = await one_round(tree, found.database_url, found.nats_url, turns, phases, work)
             measured[which].append(figures)
-            pairs = zip(FIGURES, figures, strict=True)
-            shown = (f"{label} {v:.2f}{unit}" for (label, unit), v in pairs)
-            print(f"round {n} {tree.name}: " + ", ".join(shown), flush=True)
+            pairs = zip(shown, figures, strict=True)
+            said = (f"{label} {v:.2f}{unit}" for (label, unit), v in pairs)
+            print(f"round {n} {tree.name}: " + ", ".join(said), flush=True)
     section("medians")
     table = []
-    for i, (label, unit) in enumerate(FIGURES):
+    for i, (label, unit) in enumerate(shown):
         a = statistics.median(r[i] for r in measured[0])
         b = statistics.median(r[i] for r in measured[1])
         spread = [f"{r[i]:.2f}" for r in measured[0]], [f"{r[i]:.2f}" for r in measured[1]]
@@ -174,7 +176,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--turns", type=int, default=300)
     parser.add_argument("--quick", action="store_true", help="4 rounds of 60 turns")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"the driver's phases to run, of {','.join(PHASES)}")  # fmt: skip
     args = parser.parse_args()
+    phases = args.phases.split(",")
+    if not phases or not set(phases) <= set(PHASES):
+        raise SystemExit(f"--phases takes some of {','.join(PHASES)}")
     rounds, turns = (4, 60) if args.quick else (args.rounds, args.turns)
     if not LOADGEN.exists():
         raise SystemExit(f"the load driver is missing: {LOADGEN}")
@@ -185,7 +192,7 @@ def main() -> None:
     git("worktree", "add", "--detach", str(old), rev)
     try:
         trees = [Tree(f"baseline {rev}", old), Tree(f"this tree {head}{dirty}", ROOT)]
-        asyncio.run(bench(trees, rounds, turns, work))
+        asyncio.run(bench(trees, rounds, turns, phases, work))
     finally:
         git("worktree", "remove", "--force", str(old))
         shutil.rmtree(work, ignore_errors=True)

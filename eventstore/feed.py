@@ -65,7 +65,7 @@ _ENDED_TURNS = 4096
 """Turns that ended whose events memory let go, kept as their final turn rows (what a poll of
 the turn reads), the newest this many..."""
 _ENDED_BYTES = 2 << 20
-"""...and within this size all together (``_ended_size``: a row's texts and its overhead)."""
+"""...and within this size all together, counting a row's texts and ``_ENDED_ROW``."""
 _ENDED_ROW = 600
 """About what a final row costs besides its texts: the tuple, its numbers and times."""
 _WITNESS_GRACE = 0.1
@@ -306,10 +306,6 @@ class Subscription:
             self._feed._remove(self)
 
 
-def _ended_size(row: dict[str, Any]) -> int:
-    return _ENDED_ROW + len(row["input"]) + len(row["text"]) + len(row["reasoning"])
-
-
 class Feed:
     """The node's one tail of the log (see the module docstring).
 
@@ -343,7 +339,8 @@ class Feed:
         self._owners: dict[str, Hashable] = {}
         """Per turn stream held: what ``owner_of`` said at its first event, if not None."""
         self._ended: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
-        """Per turn id: the final row (``TURN_COLUMNS``' values) of a turn memory let go."""
+        """Per turn id, of a turn memory let go: its size as counted, then its final row
+        (``TURN_COLUMNS``' values)."""
         self._ended_bytes = 0
         self.owner_of: OwnerOf | None = None
         """Set by the node once its ownership is known; without it no turn is :meth:`whole`."""
@@ -392,12 +389,11 @@ class Feed:
         query."""
         row = turn_row(self._recent[stream])
         if row is not None and row["status"] != "running":
-            turn_id = stream[len(_TURN_STREAM) :]
-            self._ended[turn_id] = tuple(row[column] for column in TURN_COLUMNS)
-            self._ended_bytes += _ended_size(row)
+            size = _ENDED_ROW + len(row["input"]) + len(row["text"]) + len(row["reasoning"])
+            self._ended[stream[len(_TURN_STREAM) :]] = (size, *map(row.__getitem__, TURN_COLUMNS))
+            self._ended_bytes += size
             while len(self._ended) > _ENDED_TURNS or self._ended_bytes > _ENDED_BYTES:
-                _, values = self._ended.popitem(last=False)
-                self._ended_bytes -= _ended_size(dict(zip(TURN_COLUMNS, values, strict=True)))
+                self._ended_bytes -= self._ended.popitem(last=False)[1][0]
         self._forget(stream)
 
     def _hold(self, stream: str, metadata: Metadata) -> list[RecordedEvent]:
@@ -434,8 +430,8 @@ class Feed:
         """The final row (``turn_row``'s) of a turn that ended on this node, once memory let
         its events go (:meth:`held` no longer has them), while it is among the newest kept;
         else None. A new dict each call."""
-        values = self._ended.get(turn_id)
-        return None if values is None else dict(zip(TURN_COLUMNS, values, strict=True))
+        kept = self._ended.get(turn_id)
+        return None if kept is None else dict(zip(TURN_COLUMNS, kept[1:], strict=True))
 
     def whole(self, turn_id: str) -> Sequence[RecordedEvent] | None:
         """:meth:`held`, when it is all of the turn's scope in the log now: this node has owned
