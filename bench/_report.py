@@ -400,16 +400,18 @@ def drop_schemas(url: str, schemas: Iterable[str]) -> None:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
-async def wait_ready(server: asyncio.subprocess.Process, base: str, log: Path) -> float:
-    """Seconds from now until GET /v1/ready answers 200 (polled every 20 ms)."""
+async def wait_ready(
+    server: asyncio.subprocess.Process, base: str, log: Path, path: str = "/v1/ready"
+) -> float:
+    """Seconds from now until GET ``path`` answers 200 (polled every 20 ms)."""
     started = perf()
     while perf() - started < 120:
         if server.returncode is not None:
-            raise SystemExit(f"dispach serve exited with {server.returncode}:\n{tail(log)}")
-        if await asyncio.to_thread(get_status, base + "/v1/ready") == 200:
+            raise SystemExit(f"the server exited with {server.returncode}:\n{tail(log)}")
+        if await asyncio.to_thread(get_status, base + path) == 200:
             return perf() - started
         await asyncio.sleep(0.02)
-    raise SystemExit(f"dispach serve not ready after 120 s:\n{tail(log)}")
+    raise SystemExit(f"the server was not ready after 120 s:\n{tail(log)}")
 
 
 async def stop_server(server: asyncio.subprocess.Process, timeout: float = 60.0) -> int:
