@@ -47,6 +47,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from eventstore.catalogue import TurnEnd
 from eventstore.envelope import START, Checkpoint, Metadata, RecordedEvent
 from eventstore.errors import StoreUnavailable
 from eventstore.event import UnknownEvent, encode_data
@@ -62,8 +63,8 @@ _RECENT_BYTES = 8 << 20
 """And their data's size as stored, all together: a turn's input, a tool's output or a model's
 reply can each be large (a request body may be 1 MB), and 4,096 of them must not be."""
 _ENDED_TURNS = 4096
-"""Turns that ended whose events memory let go, kept as their final turn rows (what a poll of
-the turn reads), the newest this many..."""
+"""Turns that ended while held, kept as their final turn rows (what a poll of the turn reads)
+after their events go, the newest this many..."""
 _ENDED_BYTES = 2 << 20
 """...and within this size all together, counting a row's texts and ``_ENDED_ROW``."""
 _ENDED_ROW = 600
@@ -350,25 +351,11 @@ class Feed:
         complete from their first event, with the events of other streams that carry a held
         turn's id, up to ``_RECENT_EVENTS`` events and ``_RECENT_BYTES`` of data in all."""
         for event in committed:
-            if event.stream.startswith(_TURN_STREAM):
-                stream = event.stream
-                held = self._recent.get(stream)
-                if held is None:
-                    if event.version != 0:
-                        continue  # begun elsewhere (a resumed turn): Postgres has its start
-                    held = self._hold(stream, event.metadata)
-                elif self._heads[stream] + 1 != event.version:
-                    self._forget(stream)  # a gap: another node wrote to it meanwhile
-                    continue
-                self._heads[stream] = event.version
-            elif event.metadata.turn_id is not None:
-                stream = _TURN_STREAM + event.metadata.turn_id
-                held = self._recent.get(stream)
-                if held is None:
-                    continue  # a turn memory does not serve
-            else:
+            held = self._holder(event)
+            if held is None:
                 continue
-            held.append(event)
+            stream, events = held
+            events.append(event)
             data = event.data  # ours, so known (an UnknownEvent only comes from reading)
             size = len(data.raw if isinstance(data, UnknownEvent) else encode_data(data))
             self._bytes[stream] = self._bytes.get(stream, 0) + size
@@ -379,22 +366,53 @@ class Feed:
                 for sub in subs:
                     if sub.scope.matches(event):
                         sub.offer_held(event)
+            if isinstance(data, TurnEnd) and stream == event.stream:
+                self._end(stream, events)
         while (self._held > _RECENT_EVENTS or self._held_bytes > _RECENT_BYTES) and self._recent:
-            self._let_go(next(iter(self._recent)))
+            self._forget(next(iter(self._recent)))
 
-    def _let_go(self, stream: str) -> None:
-        """Memory is full: the oldest turn's events go. If they hold the turn ended, with
-        nothing promised to a channel, its final row stays (:meth:`ended`): a client that polls
-        a turn a few seconds after it ended, at hundreds of turns a second, is then not a
-        query."""
-        row = turn_row(self._recent[stream])
-        if row is not None and row["status"] != "running":
-            size = _ENDED_ROW + len(row["input"]) + len(row["text"]) + len(row["reasoning"])
-            self._ended[stream[len(_TURN_STREAM) :]] = (size, *map(row.__getitem__, TURN_COLUMNS))
-            self._ended_bytes += size
-            while len(self._ended) > _ENDED_TURNS or self._ended_bytes > _ENDED_BYTES:
-                self._ended_bytes -= self._ended.popitem(last=False)[1][0]
-        self._forget(stream)
+    def _holder(self, event: RecordedEvent) -> tuple[str, list[RecordedEvent]] | None:
+        """The held turn stream an event of this node's joins, and what memory holds of it;
+        None when memory does not hold (or stops holding) that turn."""
+        if event.stream.startswith(_TURN_STREAM):
+            stream = event.stream
+            if self._ended:
+                # Nothing follows a turn's end; if something does, its row is not final.
+                self._unend(stream[len(_TURN_STREAM) :])
+            held = self._recent.get(stream)
+            if held is None:
+                if event.version != 0:
+                    return None  # begun elsewhere (a resumed turn): Postgres has its start
+                held = self._hold(stream, event.metadata)
+            elif self._heads[stream] + 1 != event.version:
+                self._forget(stream)  # a gap: another node wrote to it meanwhile
+                return None
+            self._heads[stream] = event.version
+            return stream, held
+        if event.metadata.turn_id is None:
+            return None
+        stream = _TURN_STREAM + event.metadata.turn_id
+        held = self._recent.get(stream)
+        return None if held is None else (stream, held)  # else a turn memory does not serve
+
+    def _end(self, stream: str, held: Sequence[RecordedEvent]) -> None:
+        """A held turn ended: its final row is kept (:meth:`ended`), folded once, when nothing
+        was promised to a channel. It outlives the turn's events, which memory lets go after
+        about 500 turns (under a second at full load): a client that polls a turn a few
+        seconds after its end is still not a query."""
+        row = turn_row(held)
+        if row is None or row["status"] == "running":
+            return
+        size = _ENDED_ROW + len(row["input"]) + len(row["text"]) + len(row["reasoning"])
+        self._ended[stream[len(_TURN_STREAM) :]] = (size, *map(row.__getitem__, TURN_COLUMNS))
+        self._ended_bytes += size
+        while len(self._ended) > _ENDED_TURNS or self._ended_bytes > _ENDED_BYTES:
+            self._ended_bytes -= self._ended.popitem(last=False)[1][0]
+
+    def _unend(self, turn_id: str) -> None:
+        kept = self._ended.pop(turn_id, None)
+        if kept is not None:
+            self._ended_bytes -= kept[0]
 
     def _hold(self, stream: str, metadata: Metadata) -> list[RecordedEvent]:
         """Begin holding a turn stream, noting under which epoch this node writes it."""
@@ -427,8 +445,8 @@ class Feed:
         return self._recent.get(_TURN_STREAM + turn_id)
 
     def ended(self, turn_id: str) -> dict[str, Any] | None:
-        """The final row (``turn_row``'s) of a turn that ended on this node, once memory let
-        its events go (:meth:`held` no longer has them), while it is among the newest kept;
+        """The final row (``turn_row``'s) of a turn memory held to its end, with nothing
+        promised to a channel, while it is among the newest kept (its events may be gone);
         else None. A new dict each call."""
         kept = self._ended.get(turn_id)
         return None if kept is None else dict(zip(TURN_COLUMNS, kept[1:], strict=True))

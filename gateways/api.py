@@ -349,18 +349,18 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
 def turn_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
     """The resource of a turn this node ran and holds from its first event, with nothing
     promised to a channel (eventstore/projections.py ``turn_row``): the projection's row,
-    without the query. Ended, it is final (and kept as that row once memory lets the turn's
-    events go: ``Feed.ended``); running, it is served only while memory holds all of the turn
+    without the query. Ended, it is final, kept as that row (``Feed.ended``, also once memory
+    lets the turn's events go); running, it is served only while memory holds all of the turn
     (``Feed.whole``: this node still owns its session under the same epoch), or else another
     node may have taken the turn over and Postgres knows more."""
     if feed is None:
         return None
-    held = feed.held(turn_id)
-    row = turn_row(held) if held else feed.ended(turn_id)
+    row = feed.ended(turn_id)
     if row is None:
-        return None
-    if row["status"] == "running" and feed.whole(turn_id) is None:
-        return None
+        held = feed.held(turn_id)
+        row = turn_row(held) if held else None
+        if row is None or (row["status"] == "running" and feed.whole(turn_id) is None):
+            return None
     row["calls"] = msgspec.convert(row["calls"], list[CallUsage])
     return TurnResource(**row)
 

@@ -298,11 +298,35 @@ async def test_the_ended_turns_memory_keeps_is_bounded_by_their_size(api: ApiSer
     feed = api.node.feed
     assert feed is not None
     big = "y" * (256 << 10)
-    turns = [await append_turn(api, filler(1, big)) for _ in range(_ENDED_BYTES // len(big) + 40)]
-    gone = [turn_id for turn_id in turns if feed.held(turn_id) is None]
-    kept = [turn_id for turn_id in gone if feed.ended(turn_id) is not None]
-    assert len(gone) > len(kept) > 0
-    assert kept == gone[len(gone) - len(kept) :]  # the newest of those memory let go
+    turns = [await append_turn(api, filler(1, big)) for _ in range(_ENDED_BYTES // len(big) + 8)]
+    kept = [turn_id for turn_id in turns if feed.ended(turn_id) is not None]
+    assert 0 < len(kept) < len(turns)
+    assert kept == turns[len(turns) - len(kept) :]  # the newest
     assert len(kept) * len(big) <= _ENDED_BYTES < (len(kept) + 1) * (len(big) + 1000)
     from_memory = turn_in_memory(feed, kept[0])
     assert from_memory is not None and from_memory == await stored(api, kept[0])
+
+
+@pytest.mark.asyncio
+async def test_an_ended_turns_row_is_kept_from_its_end_and_dropped_if_anything_follows(
+    api: ApiServer,
+) -> None:
+    """The final row is folded once, at the ``turn.end``, and answers while the events are
+    still held too. Nothing follows a turn's end; an event that does (written here straight
+    to the stream) makes memory stop answering for the turn: Postgres says what it is."""
+    feed = api.node.feed
+    assert feed is not None
+    turn_id = await append_turn(api, noted_turn())
+    assert feed.held(turn_id) is not None and feed.ended(turn_id) is not None
+    assert turn_in_memory(feed, turn_id) == await stored(api, turn_id)
+    running = await append_turn(api, noted_turn()[:-1])
+    assert feed.ended(running) is None
+
+    meta = Metadata(agent_id="assistant", session_key=SESSION, turn_id=turn_id)
+    late = NewEvent(event=ModelChunk(delta="late"), metadata=meta)
+    await store_of(api.node).aappend(f"turn-{turn_id}", [late], len(noted_turn()) - 1)
+    assert feed.ended(turn_id) is None and turn_in_memory(feed, turn_id) is None
+    async with client_of(api) as http:
+        served = (await http.get(f"/v1/agents/assistant/turns/{turn_id}")).json()
+    assert served == as_json(await stored(api, turn_id))
+    assert served["status"] == "max_steps"
