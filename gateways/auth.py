@@ -17,10 +17,11 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from starlette.datastructures import Headers, QueryParams
+from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateways import console
+from gateways.asgi import header
 from gateways.errors import deny
 from gateways.streamtokens import StreamGrant, StreamTokens
 
@@ -103,14 +104,13 @@ class Guard:
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
         path: str = scope["path"]
         if "\x00" in path or b"%00" in scope.get("query_string", b""):
             await deny(scope, send, 400, "bad_request_url", "the URL contains a NUL character",
                        "remove %00 from the path and the query")  # fmt: skip
             return
         if kind == "http":
-            refusal = _body_refusal(scope["method"], path, headers, self.max_body)
+            refusal = _body_refusal(scope, path, self.max_body)
             if refusal is not None:
                 await deny(scope, send, *refusal)
                 return
@@ -125,7 +125,7 @@ class Guard:
                 return
             await self.app(scope, receive, send)
             return
-        principal = self.tokens.principal(_presented(scope, headers, query))
+        principal = self.tokens.principal(_presented(scope, query))
         if principal is None and not _open(path):
             await deny(
                 scope,
@@ -192,22 +192,22 @@ and on the WebSocket."""
 WEBSOCKET_PATH = "/v1/ws"
 
 
-def _body_refusal(
-    method: str, path: str, headers: Headers, limit: int
-) -> tuple[int, str, str, str] | None:
+def _body_refusal(scope: Scope, path: str, limit: int) -> tuple[int, str, str, str] | None:
     """A request body must be JSON (a page cannot send that cross-site without a preflight, so
     a ``no-cors`` or form POST never reaches a route) and within the cap. Providers' webhooks
     keep their own content types."""
-    if method not in _BODY_METHODS:
+    if scope["method"] not in _BODY_METHODS:
         return None
-    length = headers.get("content-length")
+    length = header(scope, b"content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         return (413, "body_too_large", f"the request body is over {limit} bytes",
                 "send a smaller body")  # fmt: skip
     if path.startswith(WEBHOOK_PREFIX):
         return None
-    declared = headers.get("content-type")
-    has_body = (length is not None and length != "0") or "transfer-encoding" in headers
+    declared = header(scope, b"content-type")
+    has_body = (length is not None and length != "0") or header(
+        scope, b"transfer-encoding"
+    ) is not None
     if declared is None and not has_body:
         return None
     media = (declared or "").split(";", 1)[0].strip().lower()
@@ -224,13 +224,13 @@ def _open(path: str) -> bool:
     return path in OPEN_PATHS or path.startswith(WEBHOOK_PREFIX) or console.is_console(path)
 
 
-def _presented(scope: Scope, headers: Headers, query: QueryParams) -> str | None:
-    auth = headers.get("authorization", "")
+def _presented(scope: Scope, query: QueryParams) -> str | None:
+    auth = header(scope, b"authorization") or ""
     scheme, _, value = auth.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
     if scope["type"] == "websocket":
-        offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
+        offered = [p.strip() for p in (header(scope, b"sec-websocket-protocol") or "").split(",")]
         if len(offered) >= 2 and offered[0] == SUBPROTOCOL:
             return offered[1]
         token = query.get("token")  # v1 clients (deprecated)

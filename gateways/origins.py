@@ -21,6 +21,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateways.asgi import header
 from gateways.errors import deny, error_response
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
@@ -57,8 +58,7 @@ class Reach:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        host = headers.get("host", "")
+        host = header(scope, b"host") or ""
         if self.loopback and _hostname(host) not in self.allowed_hosts:
             await deny(
                 scope,
@@ -69,7 +69,7 @@ class Reach:
                 "use http://127.0.0.1:<port>, or list the name in DISPACH_ALLOWED_HOSTS",
             )
             return
-        origin = headers.get("origin")
+        origin = header(scope, b"origin")
         if origin is not None and not self._allows(origin, host):
             await deny(
                 scope,
