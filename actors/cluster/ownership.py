@@ -384,8 +384,14 @@ class Ownership:
             return None
         if revision is None:
             return False
-        if name in self._held:
+        current = self._held.get(name)
+        if current is held:
             self._held[name] = Held(revision, held.epoch)
+        elif current is None:
+            # Given back (or lost) while this renewal was on its way: the renewal came first,
+            # so the delete of the revision it replaced was refused. Give back the new one, or
+            # the lease stays taken, by no one, until it expires.
+            await self.bucket.release(name, revision)
         return True
 
     async def _acquire(self, names: frozenset[str]) -> None:
