@@ -32,7 +32,15 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, TypeVar
@@ -412,6 +420,54 @@ async def wait_ready(
             return perf() - started
         await asyncio.sleep(0.02)
     raise SystemExit(f"the server was not ready after 120 s:\n{tail(log)}")
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    database_url: str,
+    nats_url: str,
+    work: Path,
+    agent: str,
+    *,
+    argv: Sequence[str] = ("-m", "runtime", "serve"),
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    name: str = "dispach serve",
+) -> AsyncIterator[tuple[int, str]]:
+    """A node under test: ``python argv`` with a schema, home and agents directory of its own
+    (the one agent ``agent``, in YAML), on the given Postgres and NATS, on a free loopback port
+    with no token, logging at ``warning`` (``env`` is added to that). Yields its pid and base
+    URL once it is ready; then stops it (SIGTERM: its drain), fails the benchmark if it did not
+    exit 0, and drops its schema."""
+    schema = f"bench_{uuid.uuid4().hex[:8]}"
+    root = work / schema
+    (root / "agents").mkdir(parents=True)
+    (root / "agents" / "bench.yaml").write_text(agent)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    variables = {
+        **os.environ,
+        "DATABASE_URL": database_url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
+        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
+        "DISPACH_HOST": "127.0.0.1", "DISPACH_PORT": str(port), "DISPACH_API_TOKEN": "",
+        "DISPACH_LOG_LEVEL": "warning", **(env or {}),
+    }  # fmt: skip
+    log = root / "serve.log"
+    try:
+        with log.open("wb") as sink:
+            server = await asyncio.create_subprocess_exec(
+                sys.executable, *argv, env=variables, cwd=cwd or root, stdout=sink,
+                stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            await wait_ready(server, base, log)
+            yield server.pid, base
+        finally:
+            status = await stop_server(server)
+        if status != 0:
+            raise SystemExit(f"{name} exited with {status}:\n{tail(log)}")
+    finally:
+        drop_schemas(database_url, [schema])
 
 
 async def stop_server(server: asyncio.subprocess.Process, timeout: float = 60.0) -> int:

@@ -22,14 +22,12 @@ baseline. The servers log at ``warning``: an access line per request is not meas
 from __future__ import annotations
 
 # First: it takes this directory off the front of the import path (see its docstring).
-from _report import drop_schemas, free_port, print_rows, section, servers, stop_server, wait_ready
+from _report import print_rows, section, servers, serving
 
 # isort: split
 import argparse
 import asyncio
 import json
-import os
-import secrets
 import shutil
 import statistics
 import subprocess
@@ -82,36 +80,10 @@ class Tree:
 async def one_round(
     tree: Tree, url: str, nats_url: str, turns: int, phases: list[str], work: Path
 ) -> list[float]:
-    schema = f"bench_{secrets.token_hex(4)}"
-    root = work / schema
-    (root / "agents").mkdir(parents=True)
-    (root / "agents" / "bench.yaml").write_text(AGENT)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(tree.path),
-        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
-        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
-        "DISPACH_HOST": "127.0.0.1", "DISPACH_PORT": str(port), "DISPACH_API_TOKEN": "",
-        "DISPACH_LOG_LEVEL": "warning",
-    }  # fmt: skip
-    log = root / "serve.log"
-    try:
-        with log.open("wb") as sink:
-            server = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "runtime", "serve",
-                env=env, cwd=root, stdout=sink, stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
-        try:
-            await wait_ready(server, base, log)
-            result = await loadgen(base, server.pid, turns, phases)
-        finally:
-            status = await stop_server(server)
-        if status != 0:
-            raise SystemExit(f"{tree.name}: dispach serve exited with {status}")
-    finally:
-        drop_schemas(url, [schema])
+    async with serving(
+        url, nats_url, work, AGENT, env={"PYTHONPATH": str(tree.path)}, name=tree.name
+    ) as (pid, base):
+        result = await loadgen(base, pid, turns, phases)
     if result.get("errors") or result.get("burst", {}).get("post_errors"):
         raise SystemExit(f"{tree.name}: driver errors {result.get('errors')}")
     return [figure(result) for phase, _, _, figure in FIGURES if phase in ("", *phases)]

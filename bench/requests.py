@@ -24,11 +24,11 @@ from __future__ import annotations
 # First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
     cpu_seconds,
-    drop_schemas,
     free_port,
     print_rows,
     section,
     servers,
+    serving,
     stop_server,
     wait_ready,
 )
@@ -37,9 +37,7 @@ from _report import (
 import argparse
 import asyncio
 import json
-import os
 import re
-import secrets
 import shutil
 import statistics
 import sys
@@ -114,37 +112,6 @@ async def uvicorn(app: str, work: Path) -> AsyncIterator[tuple[int, str]]:
         await stop_server(server)
 
 
-@asynccontextmanager
-async def node(url: str, nats_url: str, work: Path) -> AsyncIterator[tuple[int, str]]:
-    schema = f"bench_{secrets.token_hex(4)}"
-    root = work / schema
-    (root / "agents").mkdir(parents=True)
-    (root / "agents" / "bench.yaml").write_text(AGENT)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "DATABASE_URL": url, "NATS_URL": nats_url, "DISPACH_DB_SCHEMA": schema,
-        "DISPACH_HOME": str(root / "home"), "DISPACH_AGENTS": str(root / "agents"),
-        "DISPACH_HOST": "127.0.0.1", "DISPACH_PORT": str(port), "DISPACH_API_TOKEN": "",
-        "DISPACH_LOG_LEVEL": "warning",
-    }  # fmt: skip
-    log = root / "serve.log"
-    try:
-        with log.open("wb") as sink:
-            server = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "runtime", "serve",
-                env=env, cwd=root, stdout=sink, stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
-        try:
-            await wait_ready(server, base, log)
-            yield server.pid, base
-        finally:
-            await stop_server(server)
-    finally:
-        drop_schemas(url, [schema])
-
-
 def ended_turn(base: str) -> str:
     """Post a message and wait for its turn's end; its id."""
     body = json.dumps({"text": "hello", "sessionKey": "requests"}).encode()
@@ -169,7 +136,7 @@ async def one_round(url: str, nats_url: str, seconds: int, work: Path) -> list[f
     for app in ("asgi", "starlette"):
         async with uvicorn(app, work) as (pid, base):
             figures.append(await cpu_per_request(pid, f"{base}/v1/health", seconds))
-    async with node(url, nats_url, work) as (pid, base):
+    async with serving(url, nats_url, work, AGENT) as (pid, base):
         turn = f"{base}/v1/agents/bench/turns/"
         paths = [f"{base}/v1/health", turn + ended_turn(base), turn + "t_nothing"]
         for path in paths:

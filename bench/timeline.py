@@ -18,7 +18,7 @@ microsecond a call, so the figures are the path's own, give or take a few per ce
 from __future__ import annotations
 
 # First: it takes this directory off the front of the import path (see its docstring).
-from _report import drop_schemas, free_port, servers, stop_server, wait_ready
+from _report import servers, serving
 
 # isort: split
 from ab import AGENT, LOADGEN  # the same agent and driver as the A/B runs
@@ -30,8 +30,6 @@ import collections
 import functools
 import inspect
 import json
-import os
-import secrets
 import statistics
 import sys
 import tempfile
@@ -114,46 +112,24 @@ def child(out: str) -> None:
 
 
 async def run(turns: int, work: Path) -> list[Mark]:
+    out = work / "marks.json"
     with servers() as found:
-        schema = f"timeline_{secrets.token_hex(4)}"
-        root = work / schema
-        (root / "agents").mkdir(parents=True)
-        (root / "agents" / "bench.yaml").write_text(AGENT)
-        port = free_port()
-        base = f"http://127.0.0.1:{port}"
-        out = work / "marks.json"
-        env = {
-            **os.environ,
-            "DATABASE_URL": found.database_url, "NATS_URL": found.nats_url,
-            "DISPACH_DB_SCHEMA": schema, "DISPACH_HOME": str(root / "home"),
-            "DISPACH_AGENTS": str(root / "agents"), "DISPACH_HOST": "127.0.0.1",
-            "DISPACH_PORT": str(port), "DISPACH_API_TOKEN": "", "DISPACH_LOG_LEVEL": "warning",
-        }  # fmt: skip
-        log = root / "serve.log"
-        try:
-            with log.open("wb") as sink:
-                server = await asyncio.create_subprocess_exec(
-                    sys.executable, __file__, "--child", str(out),
-                    env=env, cwd=ROOT, stdout=sink, stderr=asyncio.subprocess.STDOUT,
-                )  # fmt: skip
-            try:
-                await wait_ready(server, base, log)
-                driver = await asyncio.create_subprocess_exec(
-                    sys.executable, str(LOADGEN), "--base", base, "--agent", "bench",
-                    "--pid", str(server.pid), "--phases", "seq", "--turns", str(turns),
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                )  # fmt: skip
-                printed, errors = await driver.communicate()
-                if driver.returncode != 0:
-                    raise SystemExit(f"loadgen failed: {errors.decode()[-2000:]}")
-                seq = json.loads(printed)["seq_e2e"]
-                print(f"accept p50 {seq['accept_ms']['p50']:.2f} ms, end-to-end p50 "
-                      f"{seq['e2e_ms']['p50']:.2f} ms, {seq['polls_per_turn']:.1f} polls per"
-                      " turn (marks included)")  # fmt: skip
-            finally:
-                await stop_server(server)
-        finally:
-            drop_schemas(found.database_url, [schema])
+        async with serving(
+            found.database_url, found.nats_url, work, AGENT,
+            argv=(__file__, "--child", str(out)), cwd=ROOT,
+        ) as (pid, base):  # fmt: skip
+            driver = await asyncio.create_subprocess_exec(
+                sys.executable, str(LOADGEN), "--base", base, "--agent", "bench",
+                "--pid", str(pid), "--phases", "seq", "--turns", str(turns),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            printed, errors = await driver.communicate()
+            if driver.returncode != 0:
+                raise SystemExit(f"loadgen failed: {errors.decode()[-2000:]}")
+            seq = json.loads(printed)["seq_e2e"]
+            print(f"accept p50 {seq['accept_ms']['p50']:.2f} ms, end-to-end p50 "
+                  f"{seq['e2e_ms']['p50']:.2f} ms, {seq['polls_per_turn']:.1f} polls per"
+                  " turn (marks included)")  # fmt: skip
         return [(float(at), str(thread), str(label)) for at, thread, label in
                 json.loads(out.read_text())]  # fmt: skip
 
