@@ -340,8 +340,8 @@ class Feed:
         self._owners: dict[str, Hashable] = {}
         """Per turn stream held: what ``owner_of`` said at its first event, if not None."""
         self._ended: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
-        """Per turn id, of a turn memory let go: its size as counted, then its final row
-        (``TURN_COLUMNS``' values)."""
+        """Per turn id, of a turn held to its end: its size as counted, then its final row
+        (``TURN_COLUMNS``' values), the oldest first."""
         self._ended_bytes = 0
         self.owner_of: OwnerOf | None = None
         """Set by the node once its ownership is known; without it no turn is :meth:`whole`."""

@@ -205,9 +205,8 @@ def _body_refusal(scope: Scope, path: str, limit: int) -> tuple[int, str, str, s
     if path.startswith(WEBHOOK_PREFIX):
         return None
     declared = header(scope, b"content-type")
-    has_body = (length is not None and length != "0") or header(
-        scope, b"transfer-encoding"
-    ) is not None
+    chunked = header(scope, b"transfer-encoding") is not None
+    has_body = (length is not None and length != "0") or chunked
     if declared is None and not has_body:
         return None
     media = (declared or "").split(";", 1)[0].strip().lower()
