@@ -6,9 +6,12 @@ catalogue; a turn id or a session key is never a label.
 
 from __future__ import annotations
 
+import functools
 import time
 
 from prometheus_client import Counter, Gauge, Histogram
+
+from actors.model import Usage
 
 # Model calls and whole steps run from well under a second to minutes.
 _LONG = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -73,3 +76,21 @@ class StepClock:
         if self._started is not None:
             self._histogram.observe(time.monotonic() - self._started)
             self._started = None
+
+
+@functools.cache
+def _token_series(agent_id: str, model: str) -> tuple[Counter, ...]:
+    """The four ``dispach_model_tokens_total`` series of an agent's model, looked up once."""
+    kinds = ("prompt", "output", "cache_read", "cache_write")
+    return tuple(MODEL_TOKENS.labels(agent_id, model, kind) for kind in kinds)
+
+
+def count_tokens(agent_id: str, model: str, usage: Usage) -> None:
+    """``dispach_model_tokens_total``, once per model call (a reply discarded to be asked
+    again included: its tokens were spent). ``prompt`` is everything the model read, as in
+    ``model.result``: the cache's reads and writes are part of it."""
+    counts = (usage.prompt_tokens, usage.output_tokens, usage.cache_read_tokens,
+              usage.cache_write_tokens)  # fmt: skip
+    for counter, tokens in zip(_token_series(agent_id, model), counts, strict=True):
+        if tokens:
+            counter.inc(tokens)

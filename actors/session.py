@@ -144,7 +144,8 @@ class SessionActor(LoopActor):
         self._agent = engine.agents[agent_id]
         self._session_key = session_key
         self._state = SessionState(agent_id=agent_id, session_key=session_key,
-                                   policy=self._agent.concurrency)  # fmt: skip
+                                   policy=self._agent.concurrency,
+                                   node_id=engine.node_id)  # fmt: skip
         self._commits: dict[str, Future[AppendResult]] = {}  # turn.start not yet committed
         self._accepted: dict[str, list[RecordedEvent]] = {}  # committed and queued: for its runner
         self._turn: _Turn | None = None

@@ -29,8 +29,7 @@ from actors.messages import (
     StopTurn,
     Submit,
 )
-from actors.turn.core import Approval
-from actors.turn.runner import AWAITING_APPROVAL
+from actors.turn.core import AWAITING_APPROVAL, Approval
 from eventstore import ANY, NO_STREAM, Metadata, streams
 from eventstore.catalogue import (
     ApprovalResolved,
@@ -65,6 +64,8 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     session_key: str
     policy: Concurrency = "queue"
     """The agent's concurrency policy, for a message that names none."""
+    node_id: str = ""
+    """The node this actor runs on: a turn accepted on an idle session begins here."""
     queue: tuple[str, ...] = ()
     """Turns accepted (or being accepted) and not started, in order."""
     uncommitted: frozenset[str] = frozenset()
@@ -467,6 +468,9 @@ def _submit(state: SessionState, submit: Submit) -> Decision:
         return Decision(Duplicate(turn_id, pending=True))
     if turn_id in state.queue or _runs(state, turn_id):
         return Decision(Duplicate(turn_id, pending=False))
+    # On an idle session the turn starts the moment its turn.start commits: the accept is
+    # also the start of its first attempt, one event and one commit (catalogue v2).
+    begins = state.idle and not state.handing_over
     start = TurnStart(
         source=submit.source,
         input=submit.text,
@@ -474,6 +478,8 @@ def _submit(state: SessionState, submit: Submit) -> Decision:
         idempotency_key=submit.idempotency_key,
         request_hash=submit.request_hash,
         sender=submit.sender,
+        attempt=1 if begins else 0,
+        node=state.node_id or None if begins else None,
     )
     # 202 means durable: the turn exists once this append has committed. The actor does not
     # wait for the commit (the asker does); the turn starts only after it.

@@ -583,7 +583,8 @@ async def ended_rows(conn: psycopg.AsyncConnection[Any], turn_ids: list[str]) ->
 async def last_attempts(conn: psycopg.AsyncConnection[Any], turn_ids: list[str]) -> Counter[str]:
     cursor = await conn.execute(
         "SELECT DISTINCT ON (stream_id) data->>'node' FROM events"
-        " WHERE type = 'turn.attempt' AND stream_id = ANY(%s)"
+        " WHERE (type = 'turn.attempt' OR (type = 'turn.start' AND data->>'attempt' = '1'))"
+        " AND stream_id = ANY(%s)"
         " ORDER BY stream_id, global_position DESC",
         [[streams.turn(t) for t in turn_ids]],
     )

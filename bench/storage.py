@@ -442,6 +442,20 @@ def print_summary(ours: dict[str, Figures], base: dict[str, Figures] | None) -> 
     print_rows(("scenario", "all rows", "before", "ratio", "events", "before", "ratio",
                 "disk Δ"), rows, {1, 2, 3, 4, 5, 6, 7})  # fmt: skip
 
+    section("summary: rows per turn (live rows gained, all tables) and events per turn")
+    rows = []
+    for name, f in ours.items():
+        b = base.get(name) if base else None
+        count, was = sum(f.row_counts.values()), sum(b.row_counts.values()) if b else None
+        events = f.row_counts.get("events", 0.0)
+        was_events = b.row_counts.get("events") if b else None
+        rows.append((name, f"{count:.2f}", "-" if was is None else f"{was:.2f}",
+                     _ratio(count, was), f"{events:.2f}",
+                     "-" if was_events is None else f"{was_events:.2f}",
+                     _ratio(events, was_events)))  # fmt: skip
+    print_rows(("scenario", "rows", "before", "ratio", "events", "before", "ratio"), rows,
+               {1, 2, 3, 4, 5, 6})  # fmt: skip
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)

@@ -77,10 +77,20 @@ class TurnStart(Event, frozen=True):
     request_hash: str | None = None
     """A digest of what was asked (text, session, delivery): a replay must match it."""
     sender: Sender | None = None
+    attempt: int = 0
+    """Catalogue v2: 1 when the accept is also the start of the turn's first attempt (its
+    session was idle, so the turn runs as soon as this commits, on ``node``), with no
+    ``turn.attempt`` after it; 0 for a turn accepted behind another (its ``turn.attempt``
+    follows when it starts) and in every v1 event."""
+    node: str | None = None
+    """With ``attempt`` 1: the node that accepted the turn and runs it."""
 
 
 class TurnAttempt(Event, frozen=True):
-    """A node began (attempt 1) or resumed (attempt > 1, after a crash) running the turn."""
+    """A node began (attempt 1) or resumed (attempt > 1, after a crash) running the turn.
+
+    Catalogue v2: a turn accepted on an idle session begins in its ``turn.start``
+    (``attempt`` 1) and has this event only when it is resumed."""
 
     TYPE: ClassVar[str] = "turn.attempt"
     attempt: int
@@ -88,9 +98,36 @@ class TurnAttempt(Event, frozen=True):
     resumed_from_step: int = 0
 
 
-class ContextAssembled(Event, frozen=True):
+class ContextView(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """What one model call reads, block by block (estimated tokens; ``pinned`` blocks are never
-    compacted), with the budget it was assembled against."""
+    compacted), with the budget it was assembled against: ``model.call.context``."""
+
+    slots: list[ContextSlot]
+    total: int
+    budget: int = 0
+    """The prompt budget: the model's window less the output reserve."""
+    window: int = 0
+    breakpoints: int = 0
+    """How many ``cache_control`` breakpoints the request carries (at most 4)."""
+
+
+class Pressure(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """How full the prompt budget is after compaction: ``model.call.pressure`` (see
+    :class:`ContextPressure` for the fields)."""
+
+    fraction: float
+    tokens: int
+    budget: int
+    source: Literal["reported", "corrected", "estimated"]
+    peak: float | None = None
+
+
+class ContextAssembled(Event, frozen=True):
+    """What a request reads, block by block, with the budget it was assembled against.
+
+    v2 writes it only for a request over its budget, never sent (with its ``context.pressure``);
+    a sent request carries it as ``model.call.context``. v1 wrote it before every model call,
+    and eventstore/upcast.py reads those as v2."""
 
     TYPE: ClassVar[str] = "context.assembled"
     slots: list[ContextSlot]
@@ -103,10 +140,13 @@ class ContextAssembled(Event, frozen=True):
 
 
 class ContextPressure(Event, frozen=True):
-    """How full the prompt budget is after compaction: ``tokens / budget``. ``source`` says where
-    the figure comes from: ``estimated`` (local), ``corrected`` (local, scaled by what the
-    provider reported for this session's earlier calls) or ``reported`` (counted by the
-    provider's count_tokens for this very request)."""
+    """How full the prompt budget is after compaction: ``tokens / budget``. ``source`` says
+    where the figure comes from: ``estimated`` (local), ``corrected`` (local, scaled by what
+    the provider reported for this session's earlier calls) or ``reported`` (counted by the
+    provider's count_tokens for this very request).
+
+    v2 writes it only beside a ``context.assembled`` of a request over its budget, never sent;
+    a sent request carries both in its ``model.call`` (v1 wrote them before it)."""
 
     TYPE: ClassVar[str] = "context.pressure"
     fraction: float
@@ -148,12 +188,18 @@ class CompactionStage(Event, frozen=True):
 
 
 class ModelCall(Event, frozen=True):
+    """A model call is sent. Catalogue v2 carries what it reads (``context``) and how full
+    that is (``pressure``), which v1 wrote as ``context.assembled`` and ``context.pressure``
+    just before it, always in the same commit."""
+
     TYPE: ClassVar[str] = "model.call"
     role: Literal["main", "selector", "compactor"]
     model: str
     prompt_tokens: int
     cached: bool = False
     attempt: int = 1
+    context: ContextView | None = None
+    pressure: Pressure | None = None
 
 
 class ModelChunk(Event, frozen=True):

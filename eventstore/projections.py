@@ -92,13 +92,13 @@ class TurnsProjection:
             return []
         at, pos = event.recorded_at, event.position
         match event.data:
-            case TurnStart(source=source, input=text):
+            case TurnStart(source=source, input=text, attempt=attempt):
                 return [
                     (
                         """INSERT INTO turns (turn_id, agent_id, session_key, source, input,
-                                              status, state, started_at, last_position,
-                                              start_position)
-                           VALUES (%s, %s, %s, %s, %s, 'running', 'accepted', %s, %s, %s)
+                                              status, state, attempt, started_at,
+                                              last_position, start_position)
+                           VALUES (%s, %s, %s, %s, %s, 'running', %s, %s, %s, %s, %s)
                            ON CONFLICT (turn_id) DO NOTHING""",
                         [
                             turn_id,
@@ -106,6 +106,8 @@ class TurnsProjection:
                             event.metadata.session_key or "",
                             source,
                             text,
+                            _state_after(event.data),
+                            attempt,
                             at,
                             pos,
                             pos,
@@ -216,6 +218,8 @@ def _state_after(data: Event | UnknownEvent) -> str:
     """A running turn's ``state`` after an attempt, a model result or an approval event: the
     one rule the projection's statements, their fold and the memory fold all follow."""
     match data:
+        case TurnStart(attempt=attempt):  # v2: an accept that began the turn's first attempt
+            return "running" if attempt == 1 else "accepted"
         case TurnAttempt(attempt=attempt):
             return "running" if attempt == 1 else "resuming"
         case ApprovalRequested():
@@ -320,12 +324,12 @@ def _started(event: RecordedEvent) -> dict[str, Any] | None:
         return None
     return {
         "turn_id": event.stream.split("-", 1)[1], "agent_id": meta.agent_id or "",
-        "session_key": meta.session_key or "", "status": "running", "state": "accepted",
-        "source": data.source, "input": data.input, "text": "", "reasoning": "", "steps": 0,
-        "attempt": 0, "prompt_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
-        "cache_write_tokens": 0, "started_at": event.recorded_at, "error_code": None,
-        "error_message": None, "error_hint": None, "ended_at": None, "duration_ms": None,
-        "deliveries": [], "calls": [],
+        "session_key": meta.session_key or "", "status": "running",
+        "state": _state_after(data), "source": data.source, "input": data.input, "text": "",
+        "reasoning": "", "steps": 0, "attempt": data.attempt, "prompt_tokens": 0,
+        "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0,
+        "started_at": event.recorded_at, "error_code": None, "error_message": None,
+        "error_hint": None, "ended_at": None, "duration_ms": None, "deliveries": [], "calls": [],
     }  # fmt: skip
 
 

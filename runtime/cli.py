@@ -662,6 +662,17 @@ class _TurnPrinter:
         click.secho(f"  {event}  {_summary(event, data)}", dim=True, err=True)
 
 
+def _call_summary(d: dict[str, Any]) -> str:
+    """A ``model.call``: catalogue v2 carries its context and pressure (v1 wrote them as the
+    ``context.assembled`` and ``context.pressure`` before it)."""
+    line = f"{d.get('role')} {d.get('model')}, {d.get('promptTokens')} prompt tokens"
+    if isinstance(context := d.get("context"), dict):
+        line += f" in {len(context.get('slots') or [])} blocks"
+    if isinstance(pressure := d.get("pressure"), dict):
+        line += f", {pressure.get('fraction', 0):.0%} of the budget"
+    return line
+
+
 def _summary(event: str, d: dict[str, Any]) -> str:
     """A short line about one event's public data."""
     match event:
@@ -674,7 +685,7 @@ def _summary(event: str, d: dict[str, Any]) -> str:
         case "context.assembled":
             return f"{d.get('total')} tokens in {len(d.get('slots') or [])} blocks"
         case "model.call":
-            return f"{d.get('role')} {d.get('model')}, {d.get('promptTokens')} prompt tokens"
+            return _call_summary(d)
         case "model.chunk":
             return f"{d.get('kind', 'text')} {_clip(repr(d.get('delta', '')))}"
         case "model.retry":

@@ -73,6 +73,8 @@ def stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         rows = conn.execute(sql.SQL(_ROWS).format(sql.Identifier(name))).fetchone()
         tables.append({"table": name, "rows": int(rows[0]) if rows else 0, "bytes": int(size)})
     found = [(str(a), str(t), int(n), int(b), int(d)) for a, t, n, b, d in conn.execute(_BY_TYPE)]
+    turns = sum(n for _, kind, n, _, _ in found if kind == _TURNS)
+    rows = sum(t["rows"] for t in tables)
     return {
         "log": {
             "events": int(count),
@@ -80,6 +82,10 @@ def stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
             "rowBytes": sum(row[3] for row in found),
             "oldest": _iso(oldest),
             "newest": _iso(newest),
+            "turns": turns,
+            "eventsPerTurn": _per(int(count), turns),
+            "rowsPerTurn": _per(rows, turns),
+            "bytesPerTurn": _per(sum(row[3] for row in found), turns),
         },
         "tables": tables,
         "agents": per_agent(found),
@@ -96,9 +102,11 @@ def per_agent(found: list[tuple[str, str, int, int, int]]) -> list[dict[str, Any
     for agent, types in agents.items():
         turns = sum(count for kind, count, _, _ in types if kind == _TURNS)
         total = sum(size for _, _, size, _ in types)
+        events = sum(c for _, c, _, _ in types)
         out.append({
-            "agentId": agent, "turns": turns, "events": sum(c for _, c, _, _ in types),
-            "bytes": total, "bytesPerTurn": _per(total, turns),
+            "agentId": agent, "turns": turns, "events": events,
+            "eventsPerTurn": _per(events, turns), "bytes": total,
+            "bytesPerTurn": _per(total, turns),
             "types": [{"type": kind, "events": count, "bytes": size, "dataBytes": data,
                        "bytesPerTurn": _per(size, turns)}
                       for kind, count, size, data in types],
@@ -113,15 +121,21 @@ def describe(body: dict[str, Any]) -> list[str]:
         f"log: {log_['events']:,} events, {_size(log_['bytes'])} on disk "
         f"({_size(log_['rowBytes'])} in rows), oldest {log_['oldest'] or '-'}, "
         f"newest {log_['newest'] or '-'}",
-        "tables:",
     ]
+    if log_["turns"]:
+        lines.append(f"per turn ({log_['turns']:,} turns): {log_['eventsPerTurn']:,.1f} events, "
+                     f"{log_['rowsPerTurn']:,.1f} rows in all tables, "
+                     f"{log_['bytesPerTurn']:,.0f} B of events")  # fmt: skip
+    lines.append("tables:")
     lines += [f"  {t['table']:<28} {t['rows']:>12,} rows {_size(t['bytes']):>10}"
               for t in body["tables"]]  # fmt: skip
     for agent in body["agents"]:
         per = agent["bytesPerTurn"]
+        each = agent["eventsPerTurn"]
         lines.append(f"agent {agent['agentId'] or '(none)'}: {agent['turns']:,} turns, "
                      f"{agent['events']:,} events, {_size(agent['bytes'])}"
-                     + (f", {per:,.0f} B per turn" if per is not None else ""))  # fmt: skip
+                     + (f", {each:,.1f} events and {per:,.0f} B per turn"
+                        if per is not None and each is not None else ""))  # fmt: skip
         for t in agent["types"]:
             each = t["bytesPerTurn"]
             shown = f"{each:>10,.0f} B/turn" if each is not None else ""

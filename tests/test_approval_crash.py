@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import pytest
 
+from actors.turn.core import attempts
 from eventstore import RecordedEvent, streams
 from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
     ToolCall,
     ToolResult,
-    TurnAttempt,
     TurnEnd,
 )
 from tests import test_approvals, test_delivery_crash
@@ -127,7 +127,9 @@ async def test_a_grant_after_kill_9_runs_the_tool_once(cluster: Cluster, tmp_pat
     (end,) = of(events, TurnEnd)
     assert end.reason == "final", cluster.tail()
     assert ran.read_text() == "ran\n", "the granted tool ran exactly once"
-    assert [a.attempt for a in of(events, TurnAttempt)] == [1, 2], "resumed on the new node"
+    assert [a.attempt for a in attempts(e.data for e in events)] == [1, 2], (
+        "resumed on the new node"
+    )
     assert len(of(events, ToolCall)) == 1
     (result,) = of(events, ToolResult)
     assert result.ok and not result.refused and not result.uncertain
@@ -149,7 +151,9 @@ async def test_a_denial_after_kill_9_never_runs_the_tool(cluster: Cluster, tmp_p
     (end,) = of(events, TurnEnd)
     assert end.reason == "final", cluster.tail()
     assert not ran.exists(), "a denied tool never runs"
-    assert [a.attempt for a in of(events, TurnAttempt)] == [1, 2], "resumed on the new node"
+    assert [a.attempt for a in attempts(e.data for e in events)] == [1, 2], (
+        "resumed on the new node"
+    )
     assert of(events, ToolCall) == []
     (result,) = of(events, ToolResult)
     assert result.refused and not result.ok and "denied" in (result.output or "")

@@ -97,10 +97,12 @@ async def assert_no_call_ran_twice(deployment: Deployment) -> list[Row]:
 
 
 async def attempts(deployment: Deployment, turn_ids: Iterable[str]) -> dict[str, list[Row]]:
-    """The ``turn.attempt`` events of each turn, in log order."""
+    """The attempts of each turn, in log order: its ``turn.start`` when the accept began the
+    first one (catalogue v2: ``attempt`` 1 and the ``node``), then its ``turn.attempt`` events."""
     found: dict[str, list[Row]] = {}
-    for row in await deployment.log.rows(["turn.attempt"], turn_ids):
-        found.setdefault(str(row.turn_id), []).append(row)
+    for row in await deployment.log.rows(["turn.start", "turn.attempt"], turn_ids):
+        if row.type == "turn.attempt" or row.data.get("attempt"):
+            found.setdefault(str(row.turn_id), []).append(row)
     return found
 
 

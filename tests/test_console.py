@@ -322,8 +322,9 @@ def test_what_the_model_saw_at_step_two_is_the_replayed_request(
     # It is what the model really got.
     sent = fake_anthropic.message_requests()[1].body
     assert shown["messages"] == sent["messages"]
-    # The blocks are the step's context.assembled, and the diff names the two new messages.
-    assembled = [e for e in events_of(node, "talker", turn_id) if e["type"] == "context.assembled"]
+    # The blocks are the step's model.call context, and the diff names the two new messages.
+    assembled = [{"data": e["data"]["context"]} for e in events_of(node, "talker", turn_id)
+                 if e["type"] == "model.call"]  # fmt: skip
     rows = page.locator(".step-detail section:first-child tbody tr")
     assert rows.count() == len(assembled[1]["data"]["slots"])
     labels = [rows.nth(i).locator("td").nth(1).inner_text() for i in range(rows.count())]
@@ -572,7 +573,7 @@ def test_a_two_thousand_event_turn_and_a_thousand_turn_session_paint_within_a_se
     tmp_path: Path,
 ) -> None:
     marker = str(tmp_path / "many.txt")
-    calls_per_step, steps = 12, 72
+    calls_per_step, steps = 12, 78  # 26 events a step (catalogue v2), 2,000 and more in all
     fake_anthropic.script(
         *(
             Reply(tool_uses=[ToolUse("note", {"path": marker}) for _ in range(calls_per_step)])

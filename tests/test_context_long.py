@@ -36,7 +36,7 @@ from actors.tools.builtins import ARTIFACT_PAGE
 from actors.turn.actor import TurnActor
 from actors.turn.runner import TurnRunner
 from eventstore import Checkpoint, EventStore, RecordedEvent, streams
-from eventstore.catalogue import CompactionStage, ContextPressure, ModelResult, TurnEnd
+from eventstore.catalogue import CompactionStage, ModelCall, ModelResult, Pressure, TurnEnd
 from runtime.node import Node
 from tests import fakes
 from tests.conftest import NodeFactory
@@ -207,7 +207,7 @@ class Turn:
 
     def calls(self) -> list[list[RecordedEvent]]:
         """The turn's events, one list per model call: those after the call before it, up to
-        its ``model.call`` (so its stages, ``context.assembled`` and ``context.pressure``)."""
+        its ``model.call`` (so its stages, and the call with its context and pressure)."""
         cuts: list[list[RecordedEvent]] = []
         current: list[RecordedEvent] = []
         for event in self.events:
@@ -399,14 +399,19 @@ CACHE_READS = b"""SELECT turn_id, cache_read_tokens FROM turns
                    WHERE agent_id = %(agent_id)s AND session_key = %(session_key)s"""
 
 
+def pressure_of(event: RecordedEvent) -> Pressure | None:
+    """The pressure a model call was sent at (catalogue v2: a field of its ``model.call``)."""
+    return event.data.pressure if isinstance(event.data, ModelCall) else None
+
+
 def check_window(turns: list[Turn], fake: FakeAnthropic, budget: int) -> None:
     """No request was refused or over the window: every turn ended ``final``, each model call
     the node recorded is one the fake answered, and the largest prompt left the reply room."""
     assert [(t.index, t.end.reason, t.end.error) for t in turns if t.end.reason != "final"] == []
     assert [t.index for t in turns if len(t.sent) != len(t.calls())] == []
     assert fake.largest_prompt + MAX_OUTPUT <= WINDOW
-    pressures = [e.data for t in turns for e in t.events if isinstance(e.data, ContextPressure)]
-    assert max(p.tokens for p in pressures) <= budget
+    pressures = [pressure_of(e) for t in turns for e in t.events if pressure_of(e) is not None]
+    assert pressures and max(p.tokens for p in pressures if p is not None) <= budget
 
 
 def check_ladder(turns: list[Turn], thresholds: tuple[float, ...], budget: int) -> None:
@@ -417,7 +422,7 @@ def check_ladder(turns: list[Turn], thresholds: tuple[float, ...], budget: int) 
     for turn in turns:
         for call in turn.calls():
             stages = [e.data for e in call if isinstance(e.data, CompactionStage)]
-            (pressure,) = [e.data for e in call if isinstance(e.data, ContextPressure)]
+            (pressure,) = [p for e in call if (p := pressure_of(e)) is not None]
             if not stages:
                 continue
             rungs = [STAGES.index(s.stage) for s in stages]

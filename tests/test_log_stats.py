@@ -83,6 +83,12 @@ async def test_log_stats_counts_every_event_by_agent_and_type_and_every_table(
     assert agent["events"] == len(log)
     assert agent["bytes"] == sum(t["bytes"] for t in agent["types"]) == body["log"]["rowBytes"]
     assert agent["bytesPerTurn"] == pytest.approx(agent["bytes"] / 3)
+    assert agent["eventsPerTurn"] == pytest.approx(len(log) / 3)
+    # The log's own figures per turn: its events, every table's rows, the events' row bytes.
+    assert body["log"]["turns"] == 3
+    assert body["log"]["eventsPerTurn"] == pytest.approx(len(log) / 3)
+    assert body["log"]["rowsPerTurn"] == pytest.approx(sum(t["rows"] for t in tables.values()) / 3)
+    assert body["log"]["bytesPerTurn"] == pytest.approx(body["log"]["rowBytes"] / 3)
     for t in agent["types"]:
         assert t["bytes"] > t["dataBytes"] > 0
         assert t["bytesPerTurn"] == pytest.approx(t["bytes"] / 3)
@@ -94,6 +100,7 @@ async def test_log_stats_counts_every_event_by_agent_and_type_and_every_table(
     assert code == 0, err
     lines = text.splitlines()
     assert lines[0].startswith(f"log: {len(log):,} events, ")
+    assert lines[1].startswith(f"per turn (3 turns): {len(log) / 3:,.1f} events, ")
     assert any(line.split()[:2] == ["turns", "3"] for line in lines)
     assert any(line.startswith("agent assistant: 3 turns, ") for line in lines)
     assert any(line.split()[:2] == ["model.chunk", str(by_type["model.chunk"]["events"])]

@@ -14,8 +14,9 @@ from pathlib import Path
 import nats
 import pytest
 
+from actors.turn.core import attempts
 from eventstore import EventStore, subjects
-from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
+from eventstore.catalogue import ToolResult, TurnEnd
 from tests import fakes
 from tests.conftest import ROOT, Servers
 from tests.fakes import FakeAnthropic, Reply, ToolUse
@@ -99,8 +100,8 @@ async def test_kill_9_during_two_mcp_calls_then_restart(
     ends = [e.data for e in events if isinstance(e.data, TurnEnd)]
     assert len(ends) == 1
     assert ends[0].reason == "final" and ends[0].text == "finished after the crash"
-    attempts = [e.data.attempt for e in events if isinstance(e.data, TurnAttempt)]
-    assert attempts == [1, 2]
+    tried = [a.attempt for a in attempts(e.data for e in events)]
+    assert tried == [1, 2]
     found = {e.data.call_id: e.data for e in events if isinstance(e.data, ToolResult)}
     assert set(found) == {"toolu_w", "toolu_r"}, found
 

@@ -93,15 +93,18 @@ def meta(turn_id: str | None) -> Metadata:
     return Metadata(agent_id="a", session_key="k", turn_id=turn_id)
 
 
-def start_of(turn_id: str = "t2") -> Append:
-    """The acceptance of ``submit(turn_id)``: its turn.start, on a stream that must not exist."""
-    return Append(f"turn-{turn_id}", TurnStart(source="api", input="hi"), meta(turn_id),
-                  NO_STREAM, then=CommitOf(turn_id))  # fmt: skip
+def start_of(turn_id: str = "t2", *, begins: bool = False) -> Append:
+    """The acceptance of ``submit(turn_id)``: its turn.start, on a stream that must not exist;
+    on an idle session (``begins``) it is also the start of the turn's first attempt."""
+    start = TurnStart(source="api", input="hi", attempt=1 if begins else 0)
+    return Append(f"turn-{turn_id}", start, meta(turn_id), NO_STREAM, then=CommitOf(turn_id))
 
 
-def accepted(turn_id: str = "t2", *facts: Fact, effects: tuple[Effect, ...] = ()) -> Decision:
+def accepted(turn_id: str = "t2", *facts: Fact, effects: tuple[Effect, ...] = (),
+             begins: bool = False) -> Decision:  # fmt: skip
     """The acceptance of ``submit(turn_id)``: queued, then ``facts`` and ``effects``."""
-    return Decision(Accept(turn_id), start_of(turn_id), (Queued(turn_id), *facts), effects)
+    start = start_of(turn_id, begins=begins)
+    return Decision(Accept(turn_id), start, (Queued(turn_id), *facts), effects)
 
 
 BUSY = Refused(
@@ -155,21 +158,21 @@ ROWS: list[object] = [
     pytest.param(
         IDLE,
         submit(),
-        accepted(),
+        accepted(begins=True),
         state(queue=("t2",), uncommitted=frozenset({"t2"})),
         id="idle-queue",
     ),
     pytest.param(
         IDLE,
         submit(policy="reject"),
-        accepted(),
+        accepted(begins=True),
         state(queue=("t2",), uncommitted=frozenset({"t2"})),
         id="idle-reject-accepts",
     ),
     pytest.param(
         IDLE,
         submit(policy="interrupt"),
-        accepted(),
+        accepted(begins=True),
         state(queue=("t2",), uncommitted=frozenset({"t2"})),
         id="idle-interrupt-stops-nothing",
     ),

@@ -18,8 +18,9 @@ import nats
 import pytest
 
 from actors.messages import Accepted
+from actors.turn.core import attempts
 from eventstore import EventStore, RecordedEvent, streams, subjects
-from eventstore.catalogue import ToolResult, TurnAttempt, TurnEnd
+from eventstore.catalogue import ToolResult, TurnEnd
 from gateways.ingress import IngressMessage, request
 from tests import fakes
 from tests.conftest import ROOT, Servers
@@ -156,8 +157,8 @@ async def test_kill_9_during_a_tool_call_then_restart(
     assert len(ends) == 1
     assert ends[0].reason == "final"
     assert ends[0].text == "finished after the crash"
-    attempts = [e.data.attempt for e in events if isinstance(e.data, TurnAttempt)]
-    assert attempts == [1, 2]
+    tried = [a.attempt for a in attempts(e.data for e in events)]
+    assert tried == [1, 2]
     [tool_result] = [e.data for e in events if isinstance(e.data, ToolResult)]
     runs = marker.read_text().count("ran")
     if mutating:

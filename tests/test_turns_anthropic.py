@@ -14,7 +14,7 @@ import pytest
 
 from eventstore import START, RecordedEvent, subjects
 from eventstore.catalogue import (
-    ContextPressure,
+    ModelCall,
     ModelResult,
     ModelRetry,
     ToolRepair,
@@ -96,10 +96,10 @@ async def test_two_tools_in_one_step_then_an_answer(
     accepted = await send(node, "helper", "what is 6*7 and what time is it?")
     events = await wait_end(node, accepted.turn_id)
     assert squeezed(events) == [
-        "turn.start", "turn.attempt",
-        "context.assembled", "context.pressure", "model.call", "model.chunk", "model.result",
+        "turn.start",
+        "model.call", "model.chunk", "model.result",
         "tool.call", "tool.call", "tool.result", "tool.result",
-        "context.assembled", "context.pressure", "model.call", "model.chunk", "model.result",
+        "model.call", "model.chunk", "model.result",
         "turn.end",
     ]  # fmt: skip
     end = end_of(events)
@@ -513,8 +513,9 @@ async def test_count_tokens_asks_the_provider_before_each_call(
     counted = fake_anthropic.requests
     paths = [r.path for r in counted]
     assert paths == ["/v1/messages/count_tokens", "/v1/messages"] * 2
-    pressures = [e.data for e in events if isinstance(e.data, ContextPressure)]
-    assert [p.source for p in pressures] == ["reported", "reported"]
+    pressures = [e.data.pressure for e in events if isinstance(e.data, ModelCall)]
+    assert [p.source if p else None for p in pressures] == ["reported", "reported"]
     for pressure, count, sent in zip(pressures, counted[0::2], counted[1::2], strict=True):
+        assert pressure is not None
         assert count.body["messages"] == sent.body["messages"]
         assert pressure.tokens == estimate_input_tokens(sent.body)

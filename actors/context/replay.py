@@ -4,8 +4,8 @@ Compaction never rewrites the stored history: a ``compaction.stage`` event recor
 marked or the digest it wrote. Folding the session's events up to the turn (its earlier turns'
 rows, their compaction stages, its notes, a clear, the fork it started from) gives the history
 the turn started from; then the turn's own events, replayed in order, give the request of every
-``context.assembled``. The pinned blocks come from the agent as it is loaded now: a manifest
-edited since the turn ran changes them (and so the replay).
+``model.call`` (``context.assembled`` in a v1 log). The pinned blocks come from the agent as it
+is loaded now: a manifest edited since the turn ran changes them (and so the replay).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from eventstore import EventStore, RecordedEvent, streams
 from eventstore.catalogue import (
     CompactionStage,
     ContextAssembled,
+    ModelCall,
     ModelResult,
     SessionCleared,
     SessionForked,
@@ -34,6 +35,7 @@ from eventstore.catalogue import (
     TurnStart,
 )
 from eventstore.projections import history_row
+from eventstore.upcast import upcast
 
 _TYPES = [t.TYPE for t in (TurnStart, TurnAttempt, ModelResult, ToolResult, TurnEnd,
                            CompactionStage)]  # fmt: skip
@@ -53,19 +55,27 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
     history = _history_before(session, start, await _fork_starts(store, session))
     requests: list[dict[str, Any]] = []
     state = TurnState()
-    for event in own:
+    for event in upcast(own):
         data = event.data
-        if isinstance(data, TurnAttempt):
+        if isinstance(data, TurnAttempt) or (isinstance(data, TurnStart) and data.attempt):
             history.notes = _notes_before(session, event.position)
         elif isinstance(data, CompactionStage):
             _apply_stage(history, data)
-        elif isinstance(data, ContextAssembled):
+        elif _request(data):
             built = assemble(agent.pinned, history, state.input, state.transcript,
                              agent.context.excerpt_keep)  # fmt: skip
             requests.append({"system": built.system, "tools": agent.pinned.tools,
                              "messages": built.messages})  # fmt: skip
         state = apply(state, data, version=event.version, turn_id=turn_id)
     return requests
+
+
+def _request(data: object) -> bool:
+    """A request assembled: a sent one's ``model.call`` (v1's, upcast), or one over its budget,
+    never sent, recorded as a ``context.assembled`` of its own."""
+    if isinstance(data, ModelCall):
+        return data.context is not None
+    return isinstance(data, ContextAssembled)
 
 
 async def _session_events(
@@ -116,7 +126,9 @@ def _history_before(
         if isinstance(event.data, TurnStart):
             starts[turn] = event.position
         by_turn[turn].append(event)
-        if isinstance(event.data, TurnAttempt):
+        if isinstance(event.data, TurnAttempt) or (
+            isinstance(event.data, TurnStart) and event.data.attempt
+        ):
             ran.add(turn)
         elif isinstance(event.data, TurnEnd):
             ends[turn] = event.data

@@ -7,10 +7,12 @@ how a resumed turn knows which steps are done and which tool calls were left ope
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import msgspec
 
+from actors.model import Completed
 from eventstore import RecordedEvent
 from eventstore.catalogue import (
     ApprovalRequested,
@@ -27,6 +29,9 @@ from eventstore.catalogue import (
     TurnStart,
 )
 from eventstore.event import Event, UnknownEvent
+
+AWAITING_APPROVAL = "awaiting_approval"
+"""What a run of the turn ends with when it waits for approvals (not an end of the turn)."""
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
@@ -111,9 +116,9 @@ def apply(
     replace = msgspec.structs.replace
     state = replace(state, version=version)
     match data:
-        case TurnStart(input=text, source=source, deliver=deliver):
+        case TurnStart(input=text, source=source, deliver=deliver, attempt=attempt):
             return replace(state, turn_id=turn_id or "", input=text, source=source,
-                           deliver=deliver, started=True)  # fmt: skip
+                           deliver=deliver, started=True, attempt=attempt)  # fmt: skip
         case TurnAttempt(attempt=attempt):
             return replace(state, attempt=attempt)
         case ModelResult() as result:
@@ -192,6 +197,13 @@ def _approvals(
     )
 
 
+def attempts(events: Iterable[Event | UnknownEvent]) -> list[TurnStart | TurnAttempt]:
+    """A turn's attempts in order, each with its number and node: its ``turn.start`` when its
+    accept began the first (catalogue v2), then every ``turn.attempt``."""
+    return [e for e in events
+            if isinstance(e, TurnAttempt) or (isinstance(e, TurnStart) and e.attempt)]  # fmt: skip
+
+
 def fold(events: list[RecordedEvent]) -> TurnState:
     state = TurnState()
     for event in events:
@@ -226,6 +238,16 @@ def unanswered_tool_uses(state: TurnState) -> list[dict[str, Any]]:
 
 
 # --- decisions ---------------------------------------------------------------------------------
+
+
+def attempt_events(state: TurnState, node: str, *, began_in_accept: bool) -> list[TurnAttempt]:
+    """What a run of the turn records before it acts: nothing when its accept began this very
+    run (``turn.start`` with ``attempt`` 1, handed over by the session that accepted it, in
+    this process), else a ``turn.attempt`` numbered after the last (a resume after a crash, a
+    queued turn's start, another node taking the session over)."""
+    if began_in_accept and state.attempt == 1 and state.steps == 0 and state.version == 0:
+        return []
+    return [TurnAttempt(attempt=state.attempt + 1, node=node, resumed_from_step=state.steps)]
 
 
 class End(msgspec.Struct, frozen=True):
@@ -298,6 +320,28 @@ def kept_content(content: list[dict[str, Any]], stop_reason: str) -> list[dict[s
         if b.get("type") != "tool_use"
         and (b.get("type") != "server_tool_use" or b.get("id") in answered)
     ]
+
+
+def model_result(completed: Completed, latency_s: float, *, discarded: bool) -> ModelResult:
+    """The ``model.result`` of a call: its reply as it enters the conversation (a reply the turn
+    sends again, ``discarded``, enters nothing: no content, no text)."""
+    usage = completed.usage
+    content = kept_content(completed.content, completed.stop_reason)
+    text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
+    return ModelResult(
+        output_tokens=usage.output_tokens,
+        prompt_tokens=usage.prompt_tokens,
+        prompt_tokens_reported=usage.prompt_tokens,
+        finish_reason=completed.stop_reason,
+        latency_ms=int(latency_s * 1000),
+        cache_read_tokens=usage.cache_read_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
+        first_token_ms=completed.first_token_ms,
+        text="" if discarded else text,
+        content=None if discarded else content,
+        discarded=discarded,
+        server_tool_requests=usage.server_tool_requests or None,
+    )
 
 
 def retry_truncated(state: TurnState, stop_reason: str, policy: str, max_tokens: int,

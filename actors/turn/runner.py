@@ -9,61 +9,56 @@ those events, so a turn resumed after a crash picks up exactly where its log end
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import time
-from collections.abc import Sequence
-from concurrent.futures import Future
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
-import prometheus_client
 import structlog
 
 from actors import faults, ids, tracing
 from actors.agent import Agent
-from actors.bridge import settled
 from actors.context import load as context_load
 from actors.context.assemble import Assembly
 from actors.context.compact import Counter, prepare
 from actors.context.history import Entry, History, entry
 from actors.metrics import (
     MODEL_CALL_SECONDS,
-    MODEL_TOKENS,
     STEP_SECONDS,
     TOOL_CALL_SECONDS,
     TURNS_ENDED,
     TURNS_RUNNING,
     StepClock,
+    count_tokens,
 )
 from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
 from actors.outbox import plan as outbox_plan
 from actors.tools import ToolSpec, args_hash, execute_calls
 from actors.tools.notes import StoreNotes
-from actors.turn import server_tools
+from actors.turn import ending, server_tools
+from actors.turn.chunks import Chunks
 from actors.turn.core import (
+    AWAITING_APPROVAL,
     Approval,
     End,
     RunTools,
     TurnState,
     after_model,
     after_tools,
-    apply,
-    fold,
-    kept_content,
+    attempt_events,
     last_reply,
+    model_result,
     remaining_output,
     repair_outcome,
     retry_truncated,
     unanswered_tool_uses,
 )
+from actors.turn.journal import Journal
 from actors.turn.plan import UNCERTAIN, closed, not_run, plan, refusal, repair_events
+from actors.turn.toolcontext import StoreArtifacts, ToolCallContext
 from eventstore import (
-    AppendResult,
     EventStore,
     Metadata,
-    NewEvent,
     RecordedEvent,
     StoreError,
     WrongExpectedVersion,
@@ -71,29 +66,24 @@ from eventstore import (
 )
 from eventstore.catalogue import (
     ApprovalRequested,
-    ApprovalResolved,
     ContextAssembled,
+    ContextPressure,
+    ContextView,
     Deliver,
-    ErrorDetail,
     ModelCall,
-    ModelChunk,
-    ModelResult,
     ModelRetry,
-    Tokens,
+    Pressure,
     ToolCall,
     ToolGated,
     ToolResult,
-    TurnAttempt,
-    TurnEnd,
 )
 from eventstore.event import Event
 from eventstore.projections import history_row
+from eventstore.upcast import upcast
 
 log = structlog.get_logger("dispach.turn")
 
 _STORE_RETRIES = 5
-AWAITING_APPROVAL = "awaiting_approval"
-"""What :meth:`TurnRunner.run` returns for a turn that waits for approvals (not an end)."""
 
 
 class Parked(Exception):
@@ -104,16 +94,9 @@ class Parked(Exception):
         self.waiting = waiting
 
 
-def _waited(stored: Sequence[RecordedEvent]) -> float:
-    """Seconds the turn spent waiting for approvals (from each request to its answer)."""
-    asked: dict[str, datetime] = {}
-    waited = 0.0
-    for event in stored:
-        if isinstance(event.data, ApprovalRequested):
-            asked[event.data.approval_id] = event.recorded_at
-        elif isinstance(event.data, ApprovalResolved) and event.data.approval_id in asked:
-            waited += (event.recorded_at - asked.pop(event.data.approval_id)).total_seconds()
-    return waited
+def _pressure(p: ContextPressure) -> Pressure:
+    return Pressure(fraction=p.fraction, tokens=p.tokens, budget=p.budget, source=p.source,
+                    peak=p.peak)  # fmt: skip
 
 
 _DEFAULT_CHUNK = 4096
@@ -123,53 +106,6 @@ _CALL_SEND_S = 0.005
 """How long a model call's ``model.call`` (and the context before it) waits to share a commit
 with what the model answers: a model that replies at once (the scripted one, a cached reply)
 makes the whole step one commit; a slow one has it on the record 5 ms into the call."""
-_CANCELLED = (
-    "cancelled: the turn ended before this tool call finished; any side effect it had may "
-    "already have happened"
-)
-
-
-class ToolCallContext:
-    """What a tool sees of its turn (the ``ToolContext`` port)."""
-
-    def __init__(self, agent_id: str, session_key: str, turn_id: str, call_id: str,
-                 notes: StoreNotes, artifacts: StoreArtifacts) -> None:  # fmt: skip
-        self.agent_id = agent_id
-        self.session_key = session_key
-        self.turn_id = turn_id
-        self.call_id = call_id
-        self.notes = notes
-        self.artifacts = artifacts
-
-
-class StoreArtifacts:
-    """The whole bodies of a session's tool results, read from the log (``artifact_read``)."""
-
-    def __init__(self, store: EventStore, agent_id: str, session_key: str) -> None:
-        self._store, self._agent_id, self._session_key = store, agent_id, session_key
-
-    async def read(self, obs_id: str) -> str | None:
-        return await context_load.artifact(self._store, self._agent_id, self._session_key, obs_id)
-
-
-@functools.cache
-def _token_series(agent_id: str, model: str) -> tuple[prometheus_client.Counter, ...]:
-    """The four ``dispach_model_tokens_total`` series of an agent's model, looked up once."""
-    kinds = ("prompt", "output", "cache_read", "cache_write")
-    return tuple(MODEL_TOKENS.labels(agent_id, model, kind) for kind in kinds)
-
-
-def _count_tokens(agent: Agent, completed: Completed) -> None:
-    """``dispach_model_tokens_total``, once per model call (a reply discarded to be asked
-    again included: its tokens were spent). ``prompt`` is everything the model read, as in
-    ``model.result``: the cache's reads and writes are part of it."""
-    usage = completed.usage
-    series = _token_series(agent.id, agent.model_id)
-    counts = (usage.prompt_tokens, usage.output_tokens, usage.cache_read_tokens,
-              usage.cache_write_tokens)  # fmt: skip
-    for counter, tokens in zip(series, counts, strict=True):
-        if tokens:
-            counter.inc(tokens)
 
 
 class TurnRunner:
@@ -198,20 +134,19 @@ class TurnRunner:
         self.node_id = node_id
         self.stream = streams.turn(turn_id)
         self.stop_requested: str | None = None
-        self.state = TurnState()
-        self._meta = Metadata(agent_id=agent.id, session_key=session_key, turn_id=turn_id)
-        self._step_id: str | None = None
-        self._partial: list[str] = []
-        self._unflushed: list[str] = []
-        self._unflushed_kind: Literal["text", "reasoning"] = "text"
+        meta = Metadata(agent_id=agent.id, session_key=session_key, turn_id=turn_id)
+        self.journal = Journal(store, self.stream, meta)
+        self._chunks = Chunks()
         self._latency = 0.0
         self._in_model_call = False
-        self._staged: list[tuple[Event, str | None]] = []
-        self._sent_version = -1
-        self._in_flight: list[Future[AppendResult]] = []
         self._started_at = datetime.now(UTC)
         self._notes = StoreNotes(store, agent.id, session_key, turn_id)
         self._trace: tracing.Untraced = tracing.UNTRACED
+
+    @property
+    def state(self) -> TurnState:
+        """The turn's state: the fold of its events, those staged included."""
+        return self.journal.state
 
     def stopping(self) -> bool:
         """Whether a stop was asked for (a method: it changes across awaits)."""
@@ -240,7 +175,7 @@ class TurnRunner:
                     log.warning("turn_store_retry", turn=self.turn_id, error=e.message)
                     await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
                     self._known = None
-                    self._staged, self._in_flight, self._unflushed = [], [], []
+                    self._chunks.drop()
                     self._in_model_call = False
                 else:
                     return reason
@@ -255,44 +190,36 @@ class TurnRunner:
             return None
         self._started_at = stored[0].recorded_at
         self._start = stored[0].position
-        self.state = fold(stored)
+        handed, self._known = self._known is not None, None
+        stored = upcast(stored)
+        self.journal.read(stored)
         self._entries = [self._entry(row) for e in stored if (row := history_row(e.data))]
-        self._sent_version = self.state.version
         if self.state.ended is not None:
             return self.state.ended
-        self._traced(stored[0])
+        # The accept of a turn on an idle session began its first attempt (turn.start says
+        # so); any other run of it is an attempt of its own, on the record before it acts.
+        begin = attempt_events(self.state, self.node_id, began_in_accept=handed)
+        self._traced(stored[0], begin[0].attempt if begin else self.state.attempt)
+        self.journal.stage(begin)
         if self.stopping():  # stopped before it began
             await self._finish(End("stopped"))
             return "stopped"
         history: History | None = None
         try:
-            self._stage([TurnAttempt(
-                attempt=self.state.attempt + 1, node=self.node_id,
-                resumed_from_step=self.state.steps,
-            )])  # fmt: skip
             history = await self._earlier()
-            # Time spent waiting for a person's approval is not the turn's to spend.
-            elapsed = (datetime.now(UTC) - self._started_at).total_seconds() - _waited(stored)
-            budget = max(0.0, self.agent.limits.turn_timeout_s - elapsed)
+            budget = ending.time_left(stored, datetime.now(UTC), self.agent.limits)
             try:
                 async with asyncio.timeout(budget):
                     end = await self._loop(history)
             except TimeoutError:
-                end = End("timeout", ErrorDetail(
-                    code="turn_timeout",
-                    message=f"the turn ran past its {self.agent.limits.turn_timeout_s:g} s limit",
-                    hint="raise limits.turn_timeout_s in the agent's manifest, or ask for less",
-                ))  # fmt: skip
+                end = ending.timed_out(self.agent.limits)
             except ModelError as e:
-                end = End("error", ErrorDetail(code=e.code, message=e.message, hint=e.hint))
+                end = ending.failed(e.code, e.message, e.hint)
             except (StoreError, asyncio.CancelledError, Parked):
                 raise
             except Exception as e:  # a bug: end the turn honestly rather than leave it running
                 log.exception("turn_internal_error", turn=self.turn_id)
-                end = End("error", ErrorDetail(
-                    code="internal_error", message=f"{type(e).__name__}: {e}",
-                    hint="this is a bug in Dispach; the node's log has the trace",
-                ))  # fmt: skip
+                end = ending.broken(e)
         except asyncio.CancelledError:
             if not self.stopping():
                 raise
@@ -310,19 +237,21 @@ class TurnRunner:
             self.history_after = await self._after(history, end)
         return end.reason
 
-    def _traced(self, start: RecordedEvent) -> None:
+    def _traced(self, start: RecordedEvent, attempt: int) -> None:
         """This run's trace: a child of the context that asked for the turn (stored with its
         turn.start). The turn's events carry the turn's own, for what follows it (its
         deliveries). Nothing changes with tracing off."""
         self._trace = tracing.turn(start.metadata.correlation_id, self.agent.id,
                                    self.session_key, self.turn_id, self.node_id,
-                                   self.state.attempt + 1)  # fmt: skip
+                                   attempt)  # fmt: skip
         if self._trace.traceparent is not None:
-            self._meta = msgspec.structs.replace(self._meta, correlation_id=self._trace.traceparent)
+            traced = {"correlation_id": self._trace.traceparent}
+            self.journal.meta = msgspec.structs.replace(self.journal.meta, **traced)
 
     async def _after(self, history: History, end: End) -> History:
         """The session's history for its next turn: this turn's rows added, its end noted."""
-        history.entries = (*history.entries, *self._entries)
+        own = [*self._entries, *(self._entry(row) for row in self.journal.rows)]
+        history.entries = (*history.entries, *own)
         error = end.error
         history.last_error = context_load.last_error_line(
             end.reason, error.code if error else None, error.message if error else None
@@ -400,15 +329,16 @@ class TurnRunner:
         prepared = await prepare(agent.pinned, history, state.input, state.transcript, policy,
                                  agent.digester, self._counter())  # fmt: skip
         assembly = prepared.assembly
-        self._step_id = ids.step_id()
+        self.journal.step_id = ids.step_id()
         *stages, pressure = prepared.events
-        assembled = ContextAssembled(slots=assembly.slots, total=assembly.total,
-                                     budget=policy.budget, window=policy.window,
-                                     breakpoints=assembly.breakpoints)  # fmt: skip
+        assert isinstance(pressure, ContextPressure)
+        context = ContextView(slots=assembly.slots, total=assembly.total, budget=policy.budget,
+                              window=policy.window, breakpoints=assembly.breakpoints)  # fmt: skip
         # Staged: they go to the log with the model.call below (one append, not two), or with
         # the turn's end when the request cannot be sent.
-        self._stage([*stages, assembled, pressure])
+        self.journal.stage(stages)
         if prepared.over:  # on the record (what would not fit, and why), never sent
+            self.journal.stage([ContextAssembled(**msgspec.structs.asdict(context)), pressure])
             raise ModelError(
                 "context_over_budget",
                 f"the request needs about {prepared.tokens} tokens, over the prompt budget of "
@@ -418,9 +348,16 @@ class TurnRunner:
             )  # fmt: skip
         max_tokens = max(1, min(remaining_output(state, agent.limits, agent.max_tokens_per_call),
                                 policy.window - prepared.tokens))  # fmt: skip
+        first = True
         while True:
-            self._stage([ModelCall(role="main", model=agent.model_id,
-                                   prompt_tokens=prepared.tokens)])  # fmt: skip
+            # What the call reads goes with its first call; a cut-off reply asked again (below)
+            # reads the same.
+            self.journal.stage([ModelCall(
+                role="main", model=agent.model_id, prompt_tokens=prepared.tokens,
+                context=context if first else None,
+                pressure=_pressure(pressure) if first else None,
+            )])  # fmt: skip
+            first = False
             request = ModelRequest(
                 model=agent.model_id,
                 system=assembly.system,
@@ -438,11 +375,11 @@ class TurnRunner:
                          - completed.usage.output_tokens)  # fmt: skip
             if not retry_truncated(self.state, completed.stop_reason, agent.truncation,
                                    max_tokens, larger):  # fmt: skip
-                result = self._result(completed, discarded=False)
-                self._stage([result, *server_tools.events(result.content or [])])
+                result = model_result(completed, self._latency, discarded=False)
+                self.journal.stage([result, *server_tools.events(result.content or [])])
                 self._in_model_call = False
                 return completed
-            self._stage([self._result(completed, discarded=True)])
+            self.journal.stage([model_result(completed, self._latency, discarded=True)])
             self._in_model_call = False
             log.info("reply_truncated_retry", turn=self.turn_id, max_tokens=larger)
             max_tokens = larger
@@ -451,30 +388,20 @@ class TurnRunner:
         """One model call, its deltas sent as chunks as they come; the reply, with its last
         chunk staged (not yet its ``model.result``)."""
         agent = self.agent
-        self._partial, self._unflushed, self._unflushed_kind = [], [], "text"
         self._in_model_call = True
         started = time.monotonic()
-        last_flush = started
+        self._chunks.begin(started)
         completed: Completed | None = None
-        early = asyncio.get_running_loop().call_later(_CALL_SEND_S, self._send_staged)
+        early = asyncio.get_running_loop().call_later(_CALL_SEND_S, self.journal.send_soon)
         self._trace.model_call(agent.model.label, agent.model_id)
         try:
             async for event in agent.model.stream(request):
                 match event:
                     case TextDelta(text=text, kind=kind):
-                        if kind != self._unflushed_kind:
-                            self._flush_chunks()
-                            self._unflushed_kind = kind
-                        if kind == "text":  # a stopped turn keeps the answer, never reasoning
-                            self._partial.append(text)
-                        self._unflushed.append(text)
-                        now = time.monotonic()
-                        size = sum(len(t) for t in self._unflushed)
-                        if size >= _CHUNK_CHARS or now - last_flush >= _CHUNK_SECONDS:
-                            self._flush_chunks()
-                            last_flush = now
+                        if chunks := self._chunks.add(text, kind, time.monotonic()):
+                            self.journal.send(chunks)
                     case Retrying() as retry:
-                        self._send([ModelRetry(
+                        self.journal.send([ModelRetry(
                             status=retry.status, attempt=retry.attempt, delay_ms=retry.delay_ms,
                         )])  # fmt: skip
                     case Completed():
@@ -496,59 +423,30 @@ class TurnRunner:
         self._latency = time.monotonic() - started
         MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(self._latency)
         self._trace.model_done(completed.usage, completed.stop_reason)
-        _count_tokens(agent, completed)
+        count_tokens(agent.id, agent.model_id, completed.usage)
         if completed.usage.prompt_tokens:
             history.calibrate(estimate, completed.usage.prompt_tokens)
         # Staged, not appended: the reply goes to the log with whatever follows it (the step's
         # tool calls, or the turn's end), one commit instead of two.
-        self._stage_chunk()
+        self.journal.stage(self._chunks.take())
         return completed
-
-    def _result(self, completed: Completed, *, discarded: bool) -> ModelResult:
-        usage = completed.usage
-        content = kept_content(completed.content, completed.stop_reason)
-        text = "".join(b.get("text", "") for b in content if b.get("type") == "text")
-        return ModelResult(
-            output_tokens=usage.output_tokens,
-            prompt_tokens=usage.prompt_tokens,
-            prompt_tokens_reported=usage.prompt_tokens,
-            finish_reason=completed.stop_reason,
-            latency_ms=int(self._latency * 1000),
-            cache_read_tokens=usage.cache_read_tokens,
-            cache_write_tokens=usage.cache_write_tokens,
-            first_token_ms=completed.first_token_ms,
-            text="" if discarded else text,
-            content=None if discarded else content,
-            discarded=discarded,
-            server_tool_requests=usage.server_tool_requests or None,
-        )
-
-    def _stage_chunk(self) -> None:
-        if self._unflushed:
-            delta = "".join(self._unflushed)
-            self._unflushed = []
-            self._stage([ModelChunk(delta=delta, kind=self._unflushed_kind)])
-
-    def _flush_chunks(self) -> None:
-        if self._unflushed:
-            self._stage_chunk()
-            self._send()
 
     async def _run_tools(self, pending: list[dict[str, Any]]) -> End | None:
         """Validate, announce, run and record the tool calls of the last reply; an End when a
         second round of invalid input ends the turn."""
         step = plan(self.state, pending, self.agent.tools, self.agent.limits.untrusted_on_mutate)
         ended = repair_outcome(self.state, step.invalid)
+        journal = self.journal
         if step.invalid:
-            await self._append(repair_events(pending, step.invalid, last_chance=ended is None))
+            await journal.append(repair_events(pending, step.invalid, last_chance=ended is None))
         if ended is not None:  # the step is over: its other calls never run
             why = "not run: the turn ended because another call's input was invalid"
-            await self._append([not_run(block, why) for block, _ in step.start])
+            await self.journal.append([not_run(block, why) for block, _ in step.start])
             return ended
         if step.uncertain:
-            await self._append([closed(c, UNCERTAIN, uncertain=True) for c in step.uncertain])
-        self._stage([e for block, why, policy in step.refused for e in refusal(block, why, policy)])
-        self._stage([ToolGated(slug=block["name"], call_id=block["id"], reason=why,
+            await journal.append([closed(c, UNCERTAIN, uncertain=True) for c in step.uncertain])
+        journal.stage([e for block, why, rule in step.refused for e in refusal(block, why, rule)])
+        journal.stage([ToolGated(slug=block["name"], call_id=block["id"], reason=why,
                                policy="untrusted") for block, why in step.gated])  # fmt: skip
         if step.ask or step.waiting:
             await self._ask(step.ask)
@@ -563,11 +461,11 @@ class TurnRunner:
             if any(spec.mutating for _, spec in step.start):
                 # A side effect sits between two events: its tool.call is durable before it
                 # runs, so after a crash it shows as open and is reported, never repeated.
-                await self._append(announce)
+                await self.journal.append(announce)
             else:
                 # Read-only calls have no effect to protect: a crash before their tool.call
                 # commits just means they run again on resume.
-                self._send(announce)
+                self.journal.send(announce)
         calls = [(spec, block.get("input") or {}, block["id"]) for block, spec in step.start]
         calls += [(spec, call.args, call.call_id) for call, spec in step.rerun]
         if calls:
@@ -588,7 +486,7 @@ class TurnRunner:
             # each one saved is a commit's latency off the step. A crash before that append
             # leaves the calls open: read-only ones run again, mutating ones are reported
             # uncertain (their tool.call was committed before they ran), as before.
-            self._stage([
+            self.journal.stage([
                 ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
                            bytes=o.bytes, truncated=o.truncated, output=o.output,
                            trust="untrusted" if spec.untrusted_output else "trusted",
@@ -604,7 +502,7 @@ class TurnRunner:
         if not calls:
             return
         expires = datetime.now(UTC) + timedelta(seconds=self.agent.limits.approval_timeout_s)
-        await self._append([
+        await self.journal.append([
             ApprovalRequested(
                 approval_id=ids.approval_id(self.turn_id, block["id"]), slug=spec.name,
                 call_id=block["id"], mutating=spec.mutating,
@@ -627,55 +525,18 @@ class TurnRunner:
     # --- the end -------------------------------------------------------------------------------
 
     async def _finish(self, end: End) -> None:
-        """Append what the turn leaves behind, then its one ``turn.end``: the unflushed text, the
-        partial reply of an interrupted model call, and a result for every call left without
-        one, so that the stored transcript stays valid for the next turn."""
-        events: list[Event] = []
-        if self._unflushed:
-            events.append(ModelChunk(delta="".join(self._unflushed), kind=self._unflushed_kind))
-            self._unflushed = []
-        if self._in_model_call:
-            # Only the answer's text is kept of a reply cut short: its thinking had no
-            # signature yet (the API would refuse it back), and reasoning is never the answer.
-            partial = "".join(self._partial)
-            keep = end.reason in ("stopped", "timeout") and partial
-            events.append(ModelResult(
-                output_tokens=0, prompt_tokens=0, finish_reason=end.reason,
-                latency_ms=0, text=partial, error=end.error,
-                content=[{"type": "text", "text": partial}] if keep else None,
-            ))  # fmt: skip
-        state = self.state
-        for new in events:
-            state = apply(state, new, version=state.version + 1)
-        for call in state.open_calls:
-            events.append(closed(call, _CANCELLED))
-            state = apply(state, events[-1], version=state.version + 1)
-        # Approvals still waiting are closed with the turn (a stop while it waited): the log has
-        # an answer for every request, and nobody is asked about a turn that is over.
-        events.extend(ApprovalResolved(approval_id=a.approval_id, slug=a.slug, granted=False,
-                                       by=f"turn {end.reason}")
-                      for a in state.approvals if a.granted is None)  # fmt: skip
-        events.extend(not_run(b, "not run: the turn ended first")
-                      for b in unanswered_tool_uses(state))  # fmt: skip
+        """Append what the turn leaves behind (actors/turn/ending.py), then its one
+        ``turn.end``."""
+        unflushed = self._chunks.take()
+        cut_short = "".join(self._chunks.partial) if self._in_model_call else None
+        events, state = ending.closing(self.state, end, unflushed=unflushed, cut_short=cut_short)
+        text = ending.reply_text(state, end, cut_short)
         duration = int((datetime.now(UTC) - self._started_at).total_seconds() * 1000)
-        text = (
-            state.text
-            if end.reason != "error"
-            else "\n\n".join(
-                [t for t in state.texts if t] + ["".join(self._partial)] * self._in_model_call
-            ).strip()
-        )
         # The reply's outbox items go just before turn.end, in its append: turn.end stays the
         # stream's last event, and a turn that ended has promised its reply or has not ended.
         events.extend(self._deliveries(state.deliver, text, end))
-        events.append(TurnEnd(
-            reason=end.reason, steps=state.steps,
-            tokens=Tokens(prompt=state.prompt_tokens, output=state.output_tokens,
-                          cache_read=state.cache_read_tokens,
-                          cache_write=state.cache_write_tokens),
-            duration_ms=duration, text=text, error=end.error,
-        ))  # fmt: skip
-        await self._append(events)
+        events.append(ending.turn_end(state, end, text, duration))
+        await self.journal.append(events)
         self._trace.end(end.reason, state.steps, end.error.code if end.error else None)
         TURNS_ENDED.labels(agent=self.agent.id, reason=end.reason).inc()
         faults.point("turn.ended")
@@ -695,65 +556,3 @@ class TurnRunner:
             agent_id=self.agent.id, session_key=self.session_key, turn_id=self.turn_id,
             text=outbox_plan.reply_text(text, end.reason),
         ))  # fmt: skip
-
-    def _stage(self, events: Sequence[Event]) -> None:
-        """Fold events into the state now and append them with the next append: facts that no
-        side effect waits on share a commit with what follows them."""
-        for event in events:
-            self.state = apply(self.state, event, version=self.state.version + 1)
-            self._staged.append((event, self._step_id))
-            row = history_row(event)
-            if row is not None:
-                self._entries.append(self._entry(row))
-
-    def _send(self, events: Sequence[Event] = ()) -> None:
-        """Submit the staged events and ``events`` as one append without waiting for it.
-
-        Appends to one stream are committed in the order they were submitted (the writer never
-        puts two of a stream's appends in one batch), so each can expect the version the one
-        before it will leave: the runner is the stream's only writer. What must be durable
-        before an effect (``tool.call`` before a tool runs, ``turn.end`` before the turn counts
-        as over) is awaited with :meth:`_append`; a model call does not wait for its
-        ``model.call`` to commit.
-        """
-        self._stage(events)
-        staged = self._staged
-        if not staged:
-            return
-        base = self._meta
-        future = self.store.submit(
-            self.stream,
-            [
-                NewEvent(event=e, metadata=msgspec.structs.replace(base, step_id=step))
-                for e, step in staged
-            ],
-            self._sent_version,
-        )  # a refusal to take it (closed, overloaded) leaves the events staged
-        self._staged = []
-        self._sent_version += len(staged)
-        self._in_flight.append(future)
-
-    def _send_staged(self) -> None:
-        """A model call still runs after ``_CALL_SEND_S``: put what is staged on the record
-        now (its model.call). Called by a timer: a store that refuses to take it now is told
-        to the turn by its next append, which carries the same events."""
-        with contextlib.suppress(StoreError):
-            self._send()
-
-    async def _append(self, events: Sequence[Event] = ()) -> None:
-        """Submit (as :meth:`_send`) and wait until everything sent so far is committed.
-
-        Only the last append is waited on: each expects the version the one before it leaves,
-        so it commits only if they all did. Waiting on each in turn cost a callback per append,
-        all in one run of the loop once they were answered (a 2,000-chunk reply: 0.5 s with
-        nothing else served). When the last one failed, the first failure is the one raised."""
-        self._send(events)
-        in_flight, self._in_flight = self._in_flight, []
-        if not in_flight:
-            return
-        try:
-            await settled(in_flight[-1])
-        except Exception:
-            for future in in_flight[:-1]:
-                await settled(future)  # raises the earliest failure, if an earlier one failed
-            raise

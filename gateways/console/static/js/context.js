@@ -1,5 +1,5 @@
 // What the model saw at one step of a turn: the blocks the context was assembled from (from the
-// step's context.assembled event: label, tokens, pinned) and the request exactly as sent (rebuilt
+// step's model.call context, or a v1 log's context.assembled: label, tokens, pinned) and the request exactly as sent (rebuilt
 // from the log by GET …/turns/{id}/context), with what changed since the step before.
 
 import { agentPath, api, enc, turnEvents } from "./api.js";
@@ -12,7 +12,12 @@ export async function contextView(main, { agent, turn, query: q }) {
   ]);
   const assembled = [];
   await turnEvents(agent, turn, (events) => {
-    for (const e of events) if (e.type === "context.assembled") assembled.push(e.data);
+    // A step's blocks: its model.call's context (catalogue v2), or the context.assembled before
+    // it (a v1 log, or a request over its budget that was never sent).
+    for (const e of events) {
+      if (e.type === "context.assembled") assembled.push(e.data);
+      else if (e.type === "model.call" && e.data.context) assembled.push(e.data.context);
+    }
   });
   const steps = replay.steps;
   const n = Math.min(Math.max(parseInt(q.get("step") || "1", 10) || 1, 1), Math.max(steps.length, 1));
@@ -44,7 +49,7 @@ function stepDetail(step, before, assembled) {
             { label: "Tokens", cell: (s) => num(s.tokens) },
             { label: "Pinned", cell: (s) => (s.pinned ? "pinned" : "—") },
           ], assembled.slots)]
-        : h("p", { class: "muted" }, "No context.assembled event for this step.")),
+        : h("p", { class: "muted" }, "No context was recorded for this step.")),
     h("section", { "aria-labelledby": "h-diff" }, h("h2", { id: "h-diff" }, before ? `Changed since step ${before.step}` : "First step"),
       before ? diff(before, step) : h("p", { class: "muted" }, "Nothing to compare with: this is the turn's first model call.")),
     h("section", { "aria-labelledby": "h-request" }, h("h2", { id: "h-request" }, "The request as sent"),

@@ -8,12 +8,18 @@ import { brief, clock, h, link, num, pretty, route, status, withQuery, replace }
 
 /** One line per event type: what a person wants to read at a glance. */
 const SUMMARY = {
-  "turn.start": (d) => [d.source, " · ", brief(d.input, 200)],
+  "turn.start": (d) => [d.source, " · ", brief(d.input, 200), d.attempt ? ` · began on ${d.node || "its node"}` : ""],
   "turn.attempt": (d) => [`attempt ${d.attempt} on ${d.node}`, d.resumedFromStep ? ` (resumed at step ${d.resumedFromStep})` : ""],
   "context.assembled": (d) => [`${d.slots.length} blocks · ${num(d.total)} tokens of ${num(d.budget)} · ${d.breakpoints} cache breakpoints`],
   "context.pressure": (d) => [`${(d.fraction * 100).toFixed(1)}% of the budget (${d.source})`, d.peak ? ` · ${(d.peak * 100).toFixed(1)}% before compaction` : ""],
   "compaction.stage": (d) => [`${d.stage}: ${num(d.before)} → ${num(d.after)} tokens`, d.fallback ? ` (fallback: ${d.fallback})` : ""],
-  "model.call": (d) => [`${d.model} · ${num(d.promptTokens)} prompt tokens`, d.attempt > 1 ? ` · attempt ${d.attempt}` : ""],
+  // Catalogue v2: a model.call carries its context and pressure (v1 wrote them as the two events above).
+  "model.call": (d) => [
+    `${d.model} · ${num(d.promptTokens)} prompt tokens`, d.attempt > 1 ? ` · attempt ${d.attempt}` : "",
+    d.context ? ` · ${d.context.slots.length} blocks, ${d.context.breakpoints} cache breakpoints` : "",
+    d.pressure ? ` · ${(d.pressure.fraction * 100).toFixed(1)}% of the budget (${d.pressure.source})` : "",
+    d.pressure && d.pressure.peak ? `, ${(d.pressure.peak * 100).toFixed(1)}% before compaction` : "",
+  ],
   "model.retry": (d) => [`retry ${d.attempt} in ${num(d.delayMs)} ms`, d.status ? ` after HTTP ${d.status}` : " after a network error"],
   "model.result": (d) => [
     `${d.finishReason} · ${num(d.promptTokens)} in, ${num(d.outputTokens)} out · cache read ${num(d.cacheReadTokens)}, written ${num(d.cacheWriteTokens)} · ${num(d.latencyMs)} ms`,

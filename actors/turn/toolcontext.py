@@ -1,0 +1,30 @@
+"""What a tool sees of its turn: the ``ToolContext`` port of actors/tools, backed by the log."""
+
+from __future__ import annotations
+
+from actors.context import load as context_load
+from actors.tools.notes import StoreNotes
+from eventstore import EventStore
+
+
+class ToolCallContext:
+    """The turn a call belongs to, the session's notes and its tool results' whole bodies."""
+
+    def __init__(self, agent_id: str, session_key: str, turn_id: str, call_id: str,
+                 notes: StoreNotes, artifacts: StoreArtifacts) -> None:  # fmt: skip
+        self.agent_id = agent_id
+        self.session_key = session_key
+        self.turn_id = turn_id
+        self.call_id = call_id
+        self.notes = notes
+        self.artifacts = artifacts
+
+
+class StoreArtifacts:
+    """The whole bodies of a session's tool results, read from the log (``artifact_read``)."""
+
+    def __init__(self, store: EventStore, agent_id: str, session_key: str) -> None:
+        self._store, self._agent_id, self._session_key = store, agent_id, session_key
+
+    async def read(self, obs_id: str) -> str | None:
+        return await context_load.artifact(self._store, self._agent_id, self._session_key, obs_id)
