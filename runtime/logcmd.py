@@ -42,6 +42,7 @@ _TABLES = """SELECT c.relname, coalesce((SELECT sum(pg_total_relation_size(p.rel
               ORDER BY 2 DESC, 1"""
 _ROWS = "SELECT count(*) FROM {}"
 _TURNS = "turn.start"
+
 """Every turn has exactly one: the turns an agent's bytes are divided by."""
 
 
@@ -67,6 +68,8 @@ def stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
     """The figures of ``log stats`` (camelCase, as the API's bodies), from one snapshot."""
     from psycopg import sql
 
+    from eventstore import INLINE
+
     count, oldest, newest = conn.execute(_SPAN).fetchone() or (0, None, None)
     tables = []
     for name, size in conn.execute(_TABLES).fetchall():
@@ -74,7 +77,9 @@ def stats(conn: psycopg.Connection[Any]) -> dict[str, Any]:
         tables.append({"table": name, "rows": int(rows[0]) if rows else 0, "bytes": int(size)})
     found = [(str(a), str(t), int(n), int(b), int(d)) for a, t, n, b, d in conn.execute(_BY_TYPE)]
     turns = sum(n for _, kind, n, _, _ in found if kind == _TURNS)
-    rows = sum(t["rows"] for t in tables)
+    # The log's rows and its read models', not the bookkeeping (migrations, fences, archives).
+    written = {"events", *(table for p in INLINE for table in p.tables)}
+    rows = sum(t["rows"] for t in tables if t["table"] in written)
     return {
         "log": {
             "events": int(count),
@@ -124,7 +129,7 @@ def describe(body: dict[str, Any]) -> list[str]:
     ]
     if log_["turns"]:
         lines.append(f"per turn ({log_['turns']:,} turns): {log_['eventsPerTurn']:,.1f} events, "
-                     f"{log_['rowsPerTurn']:,.1f} rows in all tables, "
+                     f"{log_['rowsPerTurn']:,.1f} rows of the log and its projections, "
                      f"{log_['bytesPerTurn']:,.0f} B of events")  # fmt: skip
     lines.append("tables:")
     lines += [f"  {t['table']:<28} {t['rows']:>12,} rows {_size(t['bytes']):>10}"
