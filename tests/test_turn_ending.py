@@ -10,7 +10,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from actors.turn import chunks, ending
-from actors.turn.core import End, Limits, TurnState, apply, attempt_events, fold
+from actors.turn.core import (
+    End,
+    Limits,
+    TurnState,
+    apply,
+    attempt_events,
+    call_budget,
+    fold,
+    retry_budget,
+)
 from eventstore import Metadata, RecordedEvent
 from eventstore.catalogue import (
     ApprovalRequested,
@@ -212,3 +221,32 @@ def test_chunks_dropped_and_begun_again_forget_the_last_call() -> None:
     coalesce.begin(1.0)
     assert coalesce.partial == [] and coalesce.add("y", "text", 1.001) == []
     assert coalesce.take() == [ModelChunk(delta="y")]
+
+
+@pytest.mark.parametrize(
+    ("spent_before", "per_call", "room", "expected"),
+    [
+        pytest.param(0, 4096, 100_000, 4096, id="the-per-call-setting"),
+        pytest.param(31_000, 4096, 100_000, 1000, id="what-the-turns-budget-leaves"),
+        pytest.param(0, 4096, 500, 500, id="what-the-window-leaves"),
+        pytest.param(32_000, 4096, 100_000, 1, id="never-below-one"),
+    ],
+)
+def test_call_budget(spent_before: int, per_call: int, room: int, expected: int) -> None:
+    state = TurnState(output_tokens=spent_before)
+    assert call_budget(state, Limits(max_output_tokens=32_000), per_call, room) == expected
+
+
+@pytest.mark.parametrize(
+    ("spent_before", "max_tokens", "room", "spent", "expected"),
+    [
+        pytest.param(0, 1000, 100_000, 1000, 2000, id="twice-as-much"),
+        pytest.param(0, 1000, 1500, 1000, 1500, id="within-the-window"),
+        pytest.param(30_000, 1000, 100_000, 1000, 1000, id="within-the-turns-budget"),
+    ],
+)
+def test_retry_budget(spent_before: int, max_tokens: int, room: int, spent: int,
+                      expected: int) -> None:  # fmt: skip
+    state = TurnState(output_tokens=spent_before)
+    limits = Limits(max_output_tokens=32_000)
+    assert retry_budget(state, limits, max_tokens, room, spent) == expected

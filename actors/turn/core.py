@@ -387,6 +387,20 @@ def remaining_output(state: TurnState, limits: Limits, per_call: int) -> int:
     return max(1, min(per_call, limits.max_output_tokens - state.output_tokens))
 
 
+def call_budget(state: TurnState, limits: Limits, per_call: int, room: int) -> int:
+    """A model call's ``max_tokens``: the per-call setting, within what the turn's output
+    budget leaves and what the window leaves (``room``) after the prompt."""
+    return max(1, min(remaining_output(state, limits, per_call), room))
+
+
+def retry_budget(state: TurnState, limits: Limits, max_tokens: int, room: int,
+                 spent: int) -> int:  # fmt: skip
+    """The larger ``max_tokens`` a reply cut off at ``max_tokens`` is asked again with: twice
+    as much, never past the window's ``room`` or the turn's own output budget (``spent``: what
+    the cut-off reply used, on top of the state's)."""
+    return min(max_tokens * 2, room, limits.max_output_tokens - state.output_tokens - spent)
+
+
 def _output_limit(state: TurnState, limits: Limits) -> ErrorDetail:
     return ErrorDetail(
         code="output_limit",

@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from actors.agent import Agent
+from actors.outbox import plan as outbox_plan
 from actors.turn.core import End, Limits, TurnState, apply, unanswered_tool_uses
 from actors.turn.plan import closed, not_run
 from eventstore import RecordedEvent
 from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
+    Deliver,
     ErrorDetail,
     ModelResult,
     Tokens,
@@ -19,6 +22,7 @@ from eventstore.catalogue import (
 )
 from eventstore.event import Event
 
+_DEFAULT_CHUNK = 4096
 CANCELLED = (
     "cancelled: the turn ended before this tool call finished; any side effect it had may "
     "already have happened"
@@ -114,3 +118,21 @@ def turn_end(state: TurnState, end: End, text: str, duration_ms: int) -> TurnEnd
                       cache_read=state.cache_read_tokens, cache_write=state.cache_write_tokens),
         duration_ms=duration_ms, text=text, error=end.error,
     )  # fmt: skip
+
+
+def deliveries(agent: Agent, session_key: str, turn_id: str, deliver: Deliver | None, text: str,
+               end: End) -> list[Event]:  # fmt: skip
+    """The reply's outbox items (one per chunk of the channel's size), promised in the append of
+    ``turn.end``. A channel gone from the manifest since the message was accepted still gets its
+    items: they fail with ``delivery_channel_unknown`` (on the record) rather than vanish."""
+    if deliver is None:
+        return []
+    channel = agent.channels.get(deliver.channel)
+    return list(outbox_plan.enqueue(
+        deliver,
+        max_chars=channel.max_chars if channel else _DEFAULT_CHUNK,
+        measure=channel.measure if channel else len,
+        ordered=channel.ordered if channel else False,
+        agent_id=agent.id, session_key=session_key, turn_id=turn_id,
+        text=outbox_plan.reply_text(text, end.reason),
+    ))  # fmt: skip

@@ -3,12 +3,16 @@ invalid. Pure: the runner appends and executes what the plan says."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
-from actors.tools import ToolRegistry, ToolSpec
+from actors import ids
+from actors.tools import ToolRegistry, ToolSpec, args_hash
+from actors.tools.spec import ToolOutcome
 from actors.turn.core import Approval, OpenCall, TurnState
-from eventstore.catalogue import ToolGated, ToolRepair, ToolResult
+from eventstore.catalogue import ApprovalRequested, ToolCall, ToolGated, ToolRepair, ToolResult
 from eventstore.event import Event
 
 _UNTRUSTED = "untrusted content entered this turn, so {name} (which changes things) needs approval"
@@ -132,3 +136,50 @@ def closed(call: OpenCall, why: str, *, uncertain: bool = False) -> ToolResult:
                       error_code=None if uncertain else "tool_cancelled",
                       source="mcp" if call.mcp_server else None,
                       mcp_server=call.mcp_server)  # fmt: skip
+
+
+def announced(start: Sequence[tuple[dict[str, Any], ToolSpec]]) -> list[ToolCall]:
+    """The ``tool.call`` of each new call, before any of them runs (``args`` stay private)."""
+    return [
+        ToolCall(slug=spec.name, call_id=block["id"], mutating=spec.mutating,
+                 args_hash=args_hash(block.get("input") or {}), args=block.get("input"),
+                 source="mcp" if spec.mcp_server else None, mcp_server=spec.mcp_server)
+        for block, spec in start
+    ]  # fmt: skip
+
+
+def gated(step: ToolPlan) -> list[Event]:
+    """What the step records of the calls that do not run now: each refusal (``tool.gated`` and
+    the refused result the model reads) and each call gated for untrusted content."""
+    events: list[Event] = [
+        e for block, why, rule in step.refused for e in refusal(block, why, rule)
+    ]
+    events += [ToolGated(slug=block["name"], call_id=block["id"], reason=why, policy="untrusted")
+               for block, why in step.gated]  # fmt: skip
+    return events
+
+
+def results(calls: Sequence[tuple[ToolSpec, str]], outcomes: Sequence[ToolOutcome]) -> list[Event]:
+    """The ``tool.result`` of each call that ran, (its spec, its call id), in the calls' order."""
+    return [
+        ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
+                   bytes=o.bytes, truncated=o.truncated, output=o.output,
+                   trust="untrusted" if spec.untrusted_output else "trusted",
+                   error_code=o.error_code, content=o.content,
+                   source="mcp" if spec.mcp_server else None, mcp_server=spec.mcp_server)
+        for (spec, call_id), o in zip(calls, outcomes, strict=True)
+    ]  # fmt: skip
+
+
+def approvals(turn_id: str, calls: Sequence[tuple[dict[str, Any], ToolSpec]],
+              expires: datetime) -> list[ApprovalRequested]:  # fmt: skip
+    """A request for a person's approval of each call, answered by ``expires`` or denied."""
+    return [
+        ApprovalRequested(
+            approval_id=ids.approval_id(turn_id, block["id"]), slug=spec.name,
+            call_id=block["id"], mutating=spec.mutating,
+            reason=f"the agent's policy asks for approval before {spec.name} runs",
+            expires_at=expires.isoformat(), args=block.get("input"),
+        )
+        for block, spec in calls
+    ]  # fmt: skip

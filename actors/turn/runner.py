@@ -32,8 +32,7 @@ from actors.metrics import (
     count_tokens,
 )
 from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
-from actors.outbox import plan as outbox_plan
-from actors.tools import ToolSpec, args_hash, execute_calls
+from actors.tools import ToolSpec, execute_calls
 from actors.tools.notes import StoreNotes
 from actors.turn import ending, server_tools
 from actors.turn.chunks import Chunks
@@ -46,15 +45,26 @@ from actors.turn.core import (
     after_model,
     after_tools,
     attempt_events,
+    call_budget,
     last_reply,
     model_result,
-    remaining_output,
     repair_outcome,
+    retry_budget,
     retry_truncated,
     unanswered_tool_uses,
 )
 from actors.turn.journal import Journal
-from actors.turn.plan import UNCERTAIN, closed, not_run, plan, refusal, repair_events
+from actors.turn.plan import (
+    UNCERTAIN,
+    announced,
+    approvals,
+    closed,
+    gated,
+    not_run,
+    plan,
+    repair_events,
+    results,
+)
 from actors.turn.toolcontext import StoreArtifacts, ToolCallContext
 from eventstore import (
     EventStore,
@@ -65,19 +75,13 @@ from eventstore import (
     streams,
 )
 from eventstore.catalogue import (
-    ApprovalRequested,
     ContextAssembled,
     ContextPressure,
     ContextView,
-    Deliver,
     ModelCall,
     ModelRetry,
     Pressure,
-    ToolCall,
-    ToolGated,
-    ToolResult,
 )
-from eventstore.event import Event
 from eventstore.projections import history_row
 from eventstore.upcast import upcast
 
@@ -99,7 +103,6 @@ def _pressure(p: ContextPressure) -> Pressure:
                     peak=p.peak)  # fmt: skip
 
 
-_DEFAULT_CHUNK = 4096
 _CHUNK_CHARS = 512
 _CHUNK_SECONDS = 0.05
 _CALL_SEND_S = 0.005
@@ -346,8 +349,8 @@ class TurnRunner:
                 "clear the session, raise model.context_window, or lower "
                 "limits.max_tool_output_chars so one turn's tool results fit",
             )  # fmt: skip
-        max_tokens = max(1, min(remaining_output(state, agent.limits, agent.max_tokens_per_call),
-                                policy.window - prepared.tokens))  # fmt: skip
+        max_tokens = call_budget(state, agent.limits, agent.max_tokens_per_call,
+                                 policy.window - prepared.tokens)  # fmt: skip
         first = True
         while True:
             # What the call reads goes with its first call; a cut-off reply asked again (below)
@@ -370,9 +373,13 @@ class TurnRunner:
             completed = await self._stream(request, history, assembly.total)
             # A reply cut off by its output limit is sent again once with a larger budget when
             # the manifest says so (never past the turn's own budget or the window).
-            larger = min(max_tokens * 2, policy.window - prepared.tokens,
-                         agent.limits.max_output_tokens - self.state.output_tokens
-                         - completed.usage.output_tokens)  # fmt: skip
+            larger = retry_budget(
+                self.state,
+                agent.limits,
+                max_tokens,
+                policy.window - prepared.tokens,
+                completed.usage.output_tokens,
+            )
             if not retry_truncated(self.state, completed.stop_reason, agent.truncation,
                                    max_tokens, larger):  # fmt: skip
                 result = model_result(completed, self._latency, discarded=False)
@@ -445,19 +452,12 @@ class TurnRunner:
             return ended
         if step.uncertain:
             await journal.append([closed(c, UNCERTAIN, uncertain=True) for c in step.uncertain])
-        journal.stage([e for block, why, rule in step.refused for e in refusal(block, why, rule)])
-        journal.stage([ToolGated(slug=block["name"], call_id=block["id"], reason=why,
-                               policy="untrusted") for block, why in step.gated])  # fmt: skip
+        journal.stage(gated(step))
         if step.ask or step.waiting:
             await self._ask(step.ask)
             raise Parked([a for a in self.state.approvals if a.granted is None])
         if step.start:
-            announce = [
-                ToolCall(slug=spec.name, call_id=block["id"], mutating=spec.mutating,
-                         args_hash=args_hash(block.get("input") or {}), args=block.get("input"),
-                         source="mcp" if spec.mcp_server else None, mcp_server=spec.mcp_server)
-                for block, spec in step.start
-            ]  # fmt: skip
+            announce = announced(step.start)
             if any(spec.mutating for _, spec in step.start):
                 # A side effect sits between two events: its tool.call is durable before it
                 # runs, so after a crash it shows as open and is reported, never repeated.
@@ -481,19 +481,12 @@ class TurnRunner:
                     o.latency_ms / 1000
                 )
             # Results need not be durable before the next model call: staged, they share the
-            # next append (the next step's context.assembled + model.call, or turn.end) instead of
+            # next append (the next step's model.call, or turn.end) instead of
             # costing a commit of their own; the stream's appends commit one after another, so
             # each one saved is a commit's latency off the step. A crash before that append
             # leaves the calls open: read-only ones run again, mutating ones are reported
             # uncertain (their tool.call was committed before they ran), as before.
-            self.journal.stage([
-                ToolResult(slug=spec.name, call_id=call_id, ok=o.ok, latency_ms=o.latency_ms,
-                           bytes=o.bytes, truncated=o.truncated, output=o.output,
-                           trust="untrusted" if spec.untrusted_output else "trusted",
-                           error_code=o.error_code, content=o.content,
-                           source="mcp" if spec.mcp_server else None, mcp_server=spec.mcp_server)
-                for (spec, _, call_id), o in zip(calls, outcomes, strict=True)
-            ])  # fmt: skip
+            journal.stage(results([(spec, call_id) for spec, _, call_id in calls], outcomes))
         return None
 
     async def _ask(self, calls: list[tuple[dict[str, Any], ToolSpec]]) -> None:
@@ -502,15 +495,7 @@ class TurnRunner:
         if not calls:
             return
         expires = datetime.now(UTC) + timedelta(seconds=self.agent.limits.approval_timeout_s)
-        await self.journal.append([
-            ApprovalRequested(
-                approval_id=ids.approval_id(self.turn_id, block["id"]), slug=spec.name,
-                call_id=block["id"], mutating=spec.mutating,
-                reason=f"the agent's policy asks for approval before {spec.name} runs",
-                expires_at=expires.isoformat(), args=block.get("input"),
-            )
-            for block, spec in calls
-        ])  # fmt: skip
+        await self.journal.append(approvals(self.turn_id, calls, expires))
 
     def _tool_context(self, call_id: str) -> ToolCallContext:
         return ToolCallContext(
@@ -534,25 +519,10 @@ class TurnRunner:
         duration = int((datetime.now(UTC) - self._started_at).total_seconds() * 1000)
         # The reply's outbox items go just before turn.end, in its append: turn.end stays the
         # stream's last event, and a turn that ended has promised its reply or has not ended.
-        events.extend(self._deliveries(state.deliver, text, end))
+        events.extend(ending.deliveries(self.agent, self.session_key, self.turn_id,
+                                        state.deliver, text, end))  # fmt: skip
         events.append(ending.turn_end(state, end, text, duration))
         await self.journal.append(events)
         self._trace.end(end.reason, state.steps, end.error.code if end.error else None)
         TURNS_ENDED.labels(agent=self.agent.id, reason=end.reason).inc()
         faults.point("turn.ended")
-
-    def _deliveries(self, deliver: Deliver | None, text: str, end: End) -> list[Event]:
-        """The reply's outbox items (one per chunk)."""
-        if deliver is None:
-            return []
-        channel = self.agent.channels.get(deliver.channel)
-        # A channel gone from the manifest since the message was accepted: its items fail
-        # with delivery_channel_unknown (on the record) rather than vanish.
-        return list(outbox_plan.enqueue(
-            deliver,
-            max_chars=channel.max_chars if channel else _DEFAULT_CHUNK,
-            measure=channel.measure if channel else len,
-            ordered=channel.ordered if channel else False,
-            agent_id=self.agent.id, session_key=self.session_key, turn_id=self.turn_id,
-            text=outbox_plan.reply_text(text, end.reason),
-        ))  # fmt: skip
