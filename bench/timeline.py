@@ -78,7 +78,7 @@ def child(out: str) -> None:
     import atexit
 
     from actors import session
-    from actors.turn import runner
+    from actors.turn import modelcall, runner
     from eventstore import writer
     from gateways import api
     from runtime.cli import main
@@ -94,7 +94,7 @@ def child(out: str) -> None:
         (writer.GroupCommitWriter, "_delivered", "hand-over on the loop"),
         (runner.TurnRunner, "run", "turn runner"),
         (runner.TurnRunner, "_earlier", "history"),
-        (runner.TurnRunner, "_call_model", "model call"),
+        (modelcall.Caller, "call", "model call"),
         (runner.TurnRunner, "_finish", "turn end"),
     ]  # fmt: skip
     for owner, name, label in wrapped:

@@ -519,3 +519,30 @@ async def test_count_tokens_asks_the_provider_before_each_call(
         assert pressure is not None
         assert count.body["messages"] == sent.body["messages"]
         assert pressure.tokens == estimate_input_tokens(sent.body)
+
+
+@pytest.mark.asyncio
+async def test_the_first_turn_of_a_reactivated_session_reads_its_history_from_the_log(
+    node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session actor holds no history once passivated: its next turn's history is read
+    from the log while the turn's accept commits (the read ahead), and holds the turns before
+    it, never the turn itself."""
+    fake_anthropic.script(Reply(text="Noted: blue."), Reply(text="You said blue."))
+    monkeypatch.setenv(KEY_ENV, "test-key")
+    node_factory.write_agent("helper", manifest(fake_anthropic))
+    node = await node_factory.start(session_idle_seconds=0.5)
+    first = await send(node, "helper", "my colour is blue", session="colours")
+    assert end_of(await wait_end(node, first.turn_id)).reason == "final"
+    engine = node.engine
+    assert engine is not None
+    while ("helper", "colours") in engine.live_sessions():
+        await asyncio.sleep(0.05)
+    second = await send(node, "helper", "what is my colour?", session="colours")
+    assert end_of(await wait_end(node, second.turn_id)).reason == "final"
+    sent = fake_anthropic.message_requests()[1].body["messages"]
+    said = [b.get("text") for m in sent for b in (m["content"] if isinstance(m["content"], list)
+            else [{"text": m["content"]}])]  # fmt: skip
+    assert said.count("my colour is blue") == 1 and said.count("Noted: blue.") == 1
+    assert said.count("what is my colour?") == 1
+    assert said.index("my colour is blue") < said.index("what is my colour?")

@@ -9,33 +9,28 @@ those events, so a turn resumed after a crash picks up exactly where its log end
 from __future__ import annotations
 
 import asyncio
-import time
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 import structlog
 
-from actors import faults, ids, tracing
+from actors import faults, tracing
 from actors.agent import Agent
 from actors.context import load as context_load
-from actors.context.assemble import Assembly
-from actors.context.compact import Counter, prepare
 from actors.context.history import Entry, History, entry
 from actors.metrics import (
-    MODEL_CALL_SECONDS,
     STEP_SECONDS,
     TOOL_CALL_SECONDS,
     TURNS_ENDED,
     TURNS_RUNNING,
     StepClock,
-    count_tokens,
 )
-from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
+from actors.model import ModelError
 from actors.tools import ToolSpec, execute_calls
 from actors.tools.notes import StoreNotes
-from actors.turn import ending, server_tools
-from actors.turn.chunks import Chunks
+from actors.turn import ending
 from actors.turn.core import (
     AWAITING_APPROVAL,
     Approval,
@@ -45,15 +40,12 @@ from actors.turn.core import (
     after_model,
     after_tools,
     attempt_events,
-    call_budget,
     last_reply,
-    model_result,
     repair_outcome,
-    retry_budget,
-    retry_truncated,
     unanswered_tool_uses,
 )
 from actors.turn.journal import Journal
+from actors.turn.modelcall import Caller
 from actors.turn.plan import (
     UNCERTAIN,
     announced,
@@ -74,14 +66,6 @@ from eventstore import (
     WrongExpectedVersion,
     streams,
 )
-from eventstore.catalogue import (
-    ContextAssembled,
-    ContextPressure,
-    ContextView,
-    ModelCall,
-    ModelRetry,
-    Pressure,
-)
 from eventstore.projections import history_row
 from eventstore.upcast import upcast
 
@@ -98,19 +82,6 @@ class Parked(Exception):
         self.waiting = waiting
 
 
-def _pressure(p: ContextPressure) -> Pressure:
-    return Pressure(fraction=p.fraction, tokens=p.tokens, budget=p.budget, source=p.source,
-                    peak=p.peak)  # fmt: skip
-
-
-_CHUNK_CHARS = 512
-_CHUNK_SECONDS = 0.05
-_CALL_SEND_S = 0.005
-"""How long a model call's ``model.call`` (and the context before it) waits to share a commit
-with what the model answers: a model that replies at once (the scripted one, a cached reply)
-makes the whole step one commit; a slow one has it on the record 5 ms into the call."""
-
-
 class TurnRunner:
     def __init__(
         self,
@@ -121,9 +92,11 @@ class TurnRunner:
         node_id: str,
         stored: list[RecordedEvent] | None = None,
         history: History | None = None,
+        read_ahead: asyncio.Future[History] | None = None,
     ) -> None:
         self._known = stored  # the turn's events when the caller has them (a fresh turn)
         self._history = history  # the session's history when its actor holds it (not changed)
+        self._read_ahead = read_ahead  # else its read, begun by the session at the accept
         self._entries: list[Entry] = []  # this turn's own rows
         self._start = 0  # the log position of the turn's turn.start
         self.history_after: History | None = None
@@ -139,9 +112,7 @@ class TurnRunner:
         self.stop_requested: str | None = None
         meta = Metadata(agent_id=agent.id, session_key=session_key, turn_id=turn_id)
         self.journal = Journal(store, self.stream, meta)
-        self._chunks = Chunks()
-        self._latency = 0.0
-        self._in_model_call = False
+        self._caller = Caller(agent, self.journal, turn_id)
         self._started_at = datetime.now(UTC)
         self._notes = StoreNotes(store, agent.id, session_key, turn_id)
         self._trace: tracing.Untraced = tracing.UNTRACED
@@ -178,13 +149,12 @@ class TurnRunner:
                     log.warning("turn_store_retry", turn=self.turn_id, error=e.message)
                     await asyncio.sleep(min(0.5 * 2**attempt, 8.0))
                     self._known = None
-                    self._chunks.drop()
-                    self._in_model_call = False
+                    self._caller.reset()
                 else:
                     return reason
                 finally:  # a run that did not reach _finish: parked, taken over, cut short
                     self._trace.end(reason, self.state.steps)
-                    self._trace = tracing.UNTRACED
+                    self._trace = self._caller.trace = tracing.UNTRACED
         return None
 
     async def _run(self) -> str | None:
@@ -247,6 +217,7 @@ class TurnRunner:
         self._trace = tracing.turn(start.metadata.correlation_id, self.agent.id,
                                    self.session_key, self.turn_id, self.node_id,
                                    attempt)  # fmt: skip
+        self._caller.trace = self._trace
         if self._trace.traceparent is not None:
             traced = {"correlation_id": self._trace.traceparent}
             self.journal.meta = msgspec.structs.replace(self.journal.meta, **traced)
@@ -263,34 +234,19 @@ class TurnRunner:
             history.notes = tuple(await self._notes.read())
         return history
 
-    def _counter(self) -> Counter | None:
-        """The provider's token count of a request, when the agent asks for one per call."""
-        agent = self.agent
-        count = getattr(agent.model, "count_tokens", None) if agent.context.count_tokens else None
-        if count is None:
-            return None
-
-        async def counter(assembly: Assembly) -> int | None:
-            request = ModelRequest(model=agent.model_id, system=assembly.system,
-                                   history=assembly.history, messages=assembly.tail,
-                                   tools=agent.pinned.tools, max_tokens=1)  # fmt: skip
-            try:
-                counted: int = await count(request)
-            except ModelError as e:  # the local estimate serves; the call itself may still work
-                log.warning("count_tokens_failed", turn=self.turn_id, error=e.code)
-                return None
-            return counted
-
-        return counter
-
     def _entry(self, row: tuple[str, Any]) -> Entry:
         return entry(self.turn_id, self._start, row[0], row[1])
 
     async def _earlier(self) -> History:
         """The session's history before this turn (the turn's own copy: compaction changes it
-        as the turn goes): from its actor's memory, else the log."""
+        as the turn goes): from its actor's memory, else the log (read ahead by the session
+        while the accept committed, when it could be)."""
         if self._history is not None:
             return self._history.copy()
+        ahead, self._read_ahead = self._read_ahead, None
+        if ahead is not None:
+            with contextlib.suppress(StoreError):  # read again below, as with none
+                return await ahead
         return await context_load.load(self.store, self.agent.id, self.session_key, self._start)
 
     # --- the loop ------------------------------------------------------------------------------
@@ -319,124 +275,13 @@ class TurnRunner:
                     return decided
             step.start()
             self._trace.step(self.state.steps + 1)
-            completed = await self._call_model(history)
+            completed = await self._caller.call(history)
             decided = after_model(self.state, completed.content, completed.stop_reason, limits)
             if isinstance(decided, End):
                 step.done()
                 self._trace.step_done()
                 return decided
             assert isinstance(decided, RunTools)
-
-    async def _call_model(self, history: History) -> Completed:
-        agent, state, policy = self.agent, self.state, self.agent.context
-        prepared = await prepare(agent.pinned, history, state.input, state.transcript, policy,
-                                 agent.digester, self._counter())  # fmt: skip
-        assembly = prepared.assembly
-        self.journal.step_id = ids.step_id()
-        *stages, pressure = prepared.events
-        assert isinstance(pressure, ContextPressure)
-        context = ContextView(slots=assembly.slots, total=assembly.total, budget=policy.budget,
-                              window=policy.window, breakpoints=assembly.breakpoints)  # fmt: skip
-        # Staged: they go to the log with the model.call below (one append, not two), or with
-        # the turn's end when the request cannot be sent.
-        self.journal.stage(stages)
-        if prepared.over:  # on the record (what would not fit, and why), never sent
-            self.journal.stage([ContextAssembled(**msgspec.structs.asdict(context)), pressure])
-            raise ModelError(
-                "context_over_budget",
-                f"the request needs about {prepared.tokens} tokens, over the prompt budget of "
-                f"{policy.budget} even after every compaction stage",
-                "clear the session, raise model.context_window, or lower "
-                "limits.max_tool_output_chars so one turn's tool results fit",
-            )  # fmt: skip
-        max_tokens = call_budget(state, agent.limits, agent.max_tokens_per_call,
-                                 policy.window - prepared.tokens)  # fmt: skip
-        first = True
-        while True:
-            # What the call reads goes with its first call; a cut-off reply asked again (below)
-            # reads the same.
-            self.journal.stage([ModelCall(
-                role="main", model=agent.model_id, prompt_tokens=prepared.tokens,
-                context=context if first else None,
-                pressure=_pressure(pressure) if first else None,
-            )])  # fmt: skip
-            first = False
-            request = ModelRequest(
-                model=agent.model_id,
-                system=assembly.system,
-                history=assembly.history,
-                messages=assembly.tail,
-                tools=agent.pinned.tools,
-                max_tokens=max_tokens,
-                reasoning=agent.reasoning,
-            )
-            completed = await self._stream(request, history, assembly.total)
-            # A reply cut off by its output limit is sent again once with a larger budget when
-            # the manifest says so (never past the turn's own budget or the window).
-            larger = retry_budget(
-                self.state,
-                agent.limits,
-                max_tokens,
-                policy.window - prepared.tokens,
-                completed.usage.output_tokens,
-            )
-            if not retry_truncated(self.state, completed.stop_reason, agent.truncation,
-                                   max_tokens, larger):  # fmt: skip
-                result = model_result(completed, self._latency, discarded=False)
-                self.journal.stage([result, *server_tools.events(result.content or [])])
-                self._in_model_call = False
-                return completed
-            self.journal.stage([model_result(completed, self._latency, discarded=True)])
-            self._in_model_call = False
-            log.info("reply_truncated_retry", turn=self.turn_id, max_tokens=larger)
-            max_tokens = larger
-
-    async def _stream(self, request: ModelRequest, history: History, estimate: int) -> Completed:
-        """One model call, its deltas sent as chunks as they come; the reply, with its last
-        chunk staged (not yet its ``model.result``)."""
-        agent = self.agent
-        self._in_model_call = True
-        started = time.monotonic()
-        self._chunks.begin(started)
-        completed: Completed | None = None
-        early = asyncio.get_running_loop().call_later(_CALL_SEND_S, self.journal.send_soon)
-        self._trace.model_call(agent.model.label, agent.model_id)
-        try:
-            async for event in agent.model.stream(request):
-                match event:
-                    case TextDelta(text=text, kind=kind):
-                        if chunks := self._chunks.add(text, kind, time.monotonic()):
-                            self.journal.send(chunks)
-                    case Retrying() as retry:
-                        self.journal.send([ModelRetry(
-                            status=retry.status, attempt=retry.attempt, delay_ms=retry.delay_ms,
-                        )])  # fmt: skip
-                    case Completed():
-                        completed = event
-            if completed is None:
-                raise ModelError(
-                    "model_stream_incomplete", "the model's stream ended without a final message",
-                    "retry the message; if it keeps happening, check the model provider's status",
-                )  # fmt: skip
-        except ModelError as e:
-            # A stop or a timeout (a cancellation) is not the model's failure: not observed.
-            MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="error").observe(
-                time.monotonic() - started
-            )
-            self._trace.model_failed(e.code)
-            raise
-        finally:
-            early.cancel()
-        self._latency = time.monotonic() - started
-        MODEL_CALL_SECONDS.labels(agent=agent.id, outcome="ok").observe(self._latency)
-        self._trace.model_done(completed.usage, completed.stop_reason)
-        count_tokens(agent.id, agent.model_id, completed.usage)
-        if completed.usage.prompt_tokens:
-            history.calibrate(estimate, completed.usage.prompt_tokens)
-        # Staged, not appended: the reply goes to the log with whatever follows it (the step's
-        # tool calls, or the turn's end), one commit instead of two.
-        self.journal.stage(self._chunks.take())
-        return completed
 
     async def _run_tools(self, pending: list[dict[str, Any]]) -> End | None:
         """Validate, announce, run and record the tool calls of the last reply; an End when a
@@ -512,8 +357,8 @@ class TurnRunner:
     async def _finish(self, end: End) -> None:
         """Append what the turn leaves behind (actors/turn/ending.py), then its one
         ``turn.end``."""
-        unflushed = self._chunks.take()
-        cut_short = "".join(self._chunks.partial) if self._in_model_call else None
+        cut_short = self._caller.cut_short()
+        unflushed = self._caller.chunks.take()
         events, state = ending.closing(self.state, end, unflushed=unflushed, cut_short=cut_short)
         text = ending.reply_text(state, end, cut_short)
         duration = int((datetime.now(UTC) - self._started_at).total_seconds() * 1000)
