@@ -78,6 +78,6 @@ async def look_up(
 ) -> Accepted | Refused | None:
     """What a request with ``key`` would be answered from the log: its turn if stored (see
     :func:`replay`), None if no turn holds the key yet. A gateway whose acceptance timed out
-    asks this (gateways/acceptance.py)."""
+    asks this (gateways/api/acceptance.py)."""
     digest = request_hash(session_key, text, deliver)
     return await stored(store, ids.keyed_turn_id(agent_id, key), digest)

@@ -30,7 +30,7 @@ from _report import servers
 from psycopg import sql
 
 from eventstore.archive import EVENTS_FILE, archive, connect, restore
-from eventstore.archived import GUARD_DELAY
+from eventstore.archive_ranges import GUARD_DELAY
 from eventstore.migrations import migrate
 from eventstore.partitions import ensure
 

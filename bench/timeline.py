@@ -77,10 +77,10 @@ def child(out: str) -> None:
     """Serve as ``dispach serve`` does, with marks; write them to ``out`` at exit."""
     import atexit
 
-    from actors import session
+    from actors.session import actor as session
     from actors.turn import modelcall, runner
     from eventstore import writer
-    from gateways import api
+    from gateways.api import v1 as api
     from runtime.cli import main
 
     marks: list[Mark] = []

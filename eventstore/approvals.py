@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from eventstore.catalogue import ApprovalRequested, ApprovalResolved
 from eventstore.envelope import RecordedEvent
-from eventstore.projection import Statement
+from eventstore.projector import Statement
 
 
 class ApprovalsProjection:

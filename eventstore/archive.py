@@ -8,14 +8,14 @@ count, each file's size and sha256, and ``rows_sha256``: the sha256 of the uncom
 which are the rows' canonical form: Postgres renders them, so a restored row that renders alike
 is byte-identical).
 
-Archiving, in order, so that a crash at any step loses nothing: export (streamed: COPY out,
-gzip, hash; never a whole partition in memory), fsync the files and the directory, commit a
-``log_archives`` row (from then on readers refuse to pass over the range: eventstore/archived.py)
-with the streams whose head the partition holds (``archived_heads``: appends continue their
-versions), verify the archive by reading it back while every store's cache learns of the row
-(a failed check deletes the row again: the partition was never touched), and only then detach
-the partition (``CONCURRENTLY``: appends and reads go on) and drop it. A run cut short after the
-row is finished by the next (its files verified again).
+Archiving, in order, so that a crash at any step loses nothing: export (streamed: COPY out, gzip,
+hash; never a whole partition in memory), fsync the files and the directory, commit a
+``log_archives`` row (from then on readers refuse to pass over the range:
+eventstore/archive_ranges.py) with the streams whose head the partition holds (``archived_heads``:
+appends continue their versions), verify the archive by reading it back while every store's cache
+learns of the row (a failed check deletes the row again: the partition was never touched), and only
+then detach the partition (``CONCURRENTLY``: appends and reads go on) and drop it. A run cut short
+after the row is finished by the next (its files verified again).
 
 Restoring: verify the file's checksum, load its lines into a new table (COPY), check that the
 rows render to ``rows_sha256`` again, index it as the log's partitions are, attach it, and mark
@@ -49,7 +49,7 @@ from isal import isal_zlib
 from psycopg import sql
 
 from eventstore._sql import check_schema_name
-from eventstore.archived import GUARD_DELAY
+from eventstore.archive_ranges import GUARD_DELAY
 from eventstore.errors import StoreError
 from eventstore.partitions import Range, create_local_indexes, ranges
 
@@ -257,7 +257,7 @@ def archive(conn: Connection, name: str, directory: Path, *,
             conn.execute("DELETE FROM archived_heads WHERE archive_id = %s", [archive_id])
             conn.execute("DELETE FROM log_archives WHERE archive_id = %s", [archive_id])
         raise
-    # Every store's cache holds the range now (eventstore/archived.py).
+    # Every store's cache holds the range now (eventstore/archive_ranges.py).
     time.sleep(max(0.0, GUARD_DELAY - (time.monotonic() - recorded)))
     _detach_and_drop(conn, name)
     return manifest

@@ -9,7 +9,7 @@ from psycopg.types.json import Jsonb
 
 from eventstore.catalogue import CompactionStage, SessionCleared
 from eventstore.envelope import RecordedEvent
-from eventstore.projection import Statement
+from eventstore.projector import Statement
 
 _MARKS = {"excerpt", "dedupe", "stub"}
 

@@ -25,7 +25,7 @@ from eventstore.catalogue import (
     DeliveryUncertain,
 )
 from eventstore.envelope import RecordedEvent
-from eventstore.projection import Statement
+from eventstore.projector import Statement
 
 ABANDONED = "delivery_chunk_abandoned"
 

@@ -25,7 +25,7 @@ from eventstore.context import SessionContextProjection
 from eventstore.envelope import RecordedEvent
 from eventstore.event import Event, UnknownEvent
 from eventstore.outbox import OutboxProjection
-from eventstore.projection import Projection, Statement
+from eventstore.projector import Projection, Statement
 from eventstore.schedules import SchedulesProjection
 
 

@@ -8,7 +8,7 @@ from psycopg.types.json import Jsonb
 
 from eventstore.catalogue import ScheduleDefined, ScheduleFired, ScheduleRemoved, ScheduleSkipped
 from eventstore.envelope import RecordedEvent
-from eventstore.projection import Statement
+from eventstore.projector import Statement
 
 
 class SchedulesProjection:

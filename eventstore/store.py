@@ -18,7 +18,7 @@ import psycopg
 import psycopg_pool
 
 from eventstore._sql import connect_kwargs, decode_row, load
-from eventstore.archived import Archived
+from eventstore.archive_ranges import Archived
 from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import InvalidAppend, InvalidValue, StoreError, StoreUnavailable
@@ -26,7 +26,7 @@ from eventstore.fencing import Fence, FencingHook, OnFenced
 from eventstore.health import PostgresHealth
 from eventstore.hints import Hints
 from eventstore.migrations import migrate
-from eventstore.projection import Projection
+from eventstore.projector import Projection
 from eventstore.versions import ANY, NO_STREAM
 from eventstore.writer import GroupCommitWriter, OnCommit
 
@@ -59,7 +59,7 @@ class EventStore:
         self.hints = Hints()
         self.archived = Archived()
         """The archived ranges of the log: every read below checks, after its query, that it
-        passed over none of them (eventstore/archived.py)."""
+        passed over none of them (eventstore/archive_ranges.py)."""
         # Reads are single statements: autocommit spares each a BEGIN and a COMMIT round trip.
         kwargs = connect_kwargs(schema) | {"autocommit": True}
         self._pool = psycopg_pool.ConnectionPool(

@@ -48,7 +48,7 @@ from eventstore.metrics import (
     FENCE_REFUSALS,
 )
 from eventstore.partitions import Partitioning, ensure, needs_more
-from eventstore.projection import Projection, run_statements, statements_for
+from eventstore.projector import Projection, run_statements, statements_for
 from eventstore.versions import NO_STREAM
 
 log = structlog.get_logger("dispach.writer")

@@ -27,7 +27,7 @@ def _print_version(ctx: click.Context, _: click.Parameter, value: bool) -> None:
     """``--version``: the node's own version string (imported only when asked: it is heavy)."""
     if not value or ctx.resilient_parsing:
         return
-    from gateways.http import VERSION
+    from gateways.http.app import VERSION
 
     click.echo(f"dispach {VERSION}")
     ctx.exit()
@@ -173,7 +173,7 @@ def projections_rebuild(names: tuple[str, ...], page: int | None) -> None:
     that is stopped leaves the live tables as they were; run it again.
     """
     from eventstore import ASYNC, INLINE, rebuild
-    from eventstore.projection import REBUILD_PAGE
+    from eventstore.projector import REBUILD_PAGE
 
     known = {p.name: (p, True) for p in INLINE} | {p.name: (p, False) for p in ASYNC}
     unknown = [n for n in names if n not in known]
@@ -334,8 +334,8 @@ def mcp_command(url: str) -> None:
     logs go to stderr."""
     import anyio
 
-    from gateways import mcp_server
-    from gateways.http import VERSION
+    from gateways.http.app import VERSION
+    from gateways.mcp import server as mcp_server
     from runtime.logs import configure
 
     configure("auto", "warning")

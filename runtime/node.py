@@ -25,14 +25,14 @@ import uvicorn
 from actors import ActorHost, Portal, tracing
 from actors.agent import Agent
 from actors.bridge import settled
+from actors.channels import ChannelHost
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
-from actors.engine import Engine
-from actors.inbox import ChannelHost
 from actors.messages import ClusterStatus
 from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
 from actors.schedule.actor import CLOCK_ON, SchedulerActor
+from actors.session.directory import SessionDirectory
 from eventstore import (
     ASYNC,
     INLINE,
@@ -47,14 +47,13 @@ from eventstore.catalogue import DeliveryEnqueued
 from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from eventstore.retention import RetentionTask
-from gateways import create_app
-from gateways.http import VERSION
+from gateways.api.schemas import AgentDetail, ToolInfo
+from gateways.http.app import VERSION, create_app
+from gateways.http.protocol import Limits, http_protocol
+from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
+from gateways.http.wsprotocol import EdgeWebSocket
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
-from gateways.protocol import Limits, http_protocol
-from gateways.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
-from gateways.schemas import AgentDetail, ToolInfo
-from gateways.wsprotocol import EdgeWebSocket
 from runtime import manifest
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
@@ -90,7 +89,7 @@ class Node:
         and the SDK is not even imported)."""
         self._mcp: dict[str, list[McpTools]] = {}
         """The MCP servers each agent declares, as tool sources over the hub's connections."""
-        self.engine: Engine | None = None
+        self.engine: SessionDirectory | None = None
         self.feed: Feed | None = None
         self._details: dict[str, AgentDetail] = {}
         self.ownership: Ownership | None = None
@@ -136,7 +135,7 @@ class Node:
         return int((time.monotonic() - self._started) * 1000)
 
     def readiness(self) -> tuple[bool, str, dict[str, bool]]:
-        # Asked by the gateway for every request (gateways/readiness.py): attribute reads only.
+        # Asked by the gateway for every request (gateways/http/readiness.py): attribute reads only.
         checks = {
             POSTGRES: self.store is not None and self.store.health.up,
             NATS: self.nc is not None
@@ -212,7 +211,7 @@ class Node:
         await feed.ready()
         self.feed = feed
         await self._load_agents()
-        self.engine = Engine(
+        self.engine = SessionDirectory(
             store, self.agents, self._portal, self.actors, self.node_id,
             idle_seconds=self.settings.session_idle_seconds,
             max_sessions=self.settings.max_sessions,
@@ -452,7 +451,7 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
         port=settings.port,
         loop="none",
         # uvicorn's httptools and WebSocket protocols with read timeouts, a cap per client
-        # address, and the error envelope for malformed requests (gateways/protocol.py).
+        # address, and the error envelope for malformed requests (gateways/http/protocol.py).
         http=http_protocol(
             Limits(
                 head_timeout=settings.head_timeout_seconds,

@@ -279,7 +279,7 @@ class ApiFactory:
     async def start(self, tokens: Sequence[str] = (), **overrides: Any) -> ApiServer:
         import uvicorn
 
-        from gateways import create_app
+        from gateways.http.app import create_app
 
         node = await self.nodes.start(**overrides)
         config = uvicorn.Config(

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.typing import Subprotocol
 
 from eventstore import Checkpoint, to_wire
-from gateways.sse import joined
+from gateways.streams.sse import joined
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes import FakeAnthropic, Reply
@@ -855,8 +855,8 @@ async def test_a_socket_that_does_not_read_is_closed_4008_and_resumes_from_its_c
             async with asyncio.timeout(60):  # not reading meanwhile, until the server gives up
                 while (REGISTRY.get_sample_value("dispach_ws_slow_consumers_total") or 0) <= shed:
                     await asyncio.sleep(0.02)
-            # Read again within the grace (gateways.ws.CLOSE_GRACE_S): the close frame arrives
-            # (a client that never reads is aborted instead: tests/test_bad_input.py).
+            # Read again within the grace (gateways.streams.ws.CLOSE_GRACE_S): the close frame
+            # arrives (a client that never reads is aborted instead: tests/test_bad_input.py).
             ws.transport.resume_reading()
             first: list[dict[str, Any]] = []
             with pytest.raises(ConnectionClosed) as closed:
@@ -897,7 +897,7 @@ async def test_a_socket_that_reads_promptly_may_replay_more_than_1024_events(
 
 
 def test_a_batch_of_frames_goes_out_in_few_writes_of_bounded_size() -> None:
-    """What one read of a stream brought is written at once (gateways/sse.py ``joined``); a
+    """What one read of a stream brought is written at once (gateways/streams/sse.py ``joined``); a
     long replay is cut into writes of about 64 KiB, every byte kept in order."""
     small = [f"data: {n}\n\n".encode() for n in range(20)]
     assert list(joined(small)) == [b"".join(small)]

@@ -1,5 +1,5 @@
 """Archiving a partition of the log and restoring it (eventstore/archive.py), and what readers
-see meanwhile (eventstore/archived.py: 410 cursor_archived, never a silent skip)."""
+see meanwhile (eventstore/archive_ranges.py: 410 cursor_archived, never a silent skip)."""
 
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ from websockets.uri import parse_uri
 from actors.messages import MAX_DEPTH, too_deep
 from eventstore import subjects
 from eventstore.catalogue import TurnEnd
-from gateways import create_app
-from gateways.ws import CLOSE_GRACE_S
+from gateways.http.app import create_app
+from gateways.streams.ws import CLOSE_GRACE_S
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer, Servers
 from tests.fakes import FakeAnthropic, Reply
@@ -404,7 +404,8 @@ def polled(probe: Callable[[], T | None], what: str, timeout: float) -> T:
 def test_dispach_serve_drops_a_socket_that_never_reads(
     servers: Servers, fake_anthropic: FakeAnthropic, tmp_path: Path
 ) -> None:
-    """The same on the node's own server (uvloop, gateways/protocol.py's WebSocket protocol)."""
+    """The same on the node's own server (uvloop, gateways/http/protocol.py's WebSocket
+    protocol)."""
     fake_anthropic.default = Reply(text=("y" * 519 + " ") * BIG, chunk_size=520)
     agents = tmp_path / "agents"
     agents.mkdir()

@@ -13,7 +13,7 @@ from unittest.mock import ANY
 
 import pytest
 
-from gateways.http import VERSION
+from gateways.http.app import VERSION
 from tests.conftest import ApiFactory, ApiServer
 from tests.test_client import DISPACH, a_closed_port, dispach
 

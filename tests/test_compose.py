@@ -28,7 +28,7 @@ import nats
 import pytest
 import yaml
 
-from gateways import sse, ws
+from gateways.streams import sse, ws
 from runtime.config import from_env, is_loopback
 from runtime.embedded import _nats_binary
 from runtime.errors import ConfigError

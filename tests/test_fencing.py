@@ -25,7 +25,7 @@ from eventstore import (
 )
 from eventstore.catalogue import ModelChunk
 from eventstore.decision import Command
-from eventstore.projection import Statement
+from eventstore.projector import Statement
 from eventstore.writer import chain, continues
 from tests.conftest import LiveStore, Servers
 

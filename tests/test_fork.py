@@ -20,7 +20,7 @@ import pytest
 from actors.cluster.partitions import partition_of
 from actors.messages import Forked, ForkSession, Refused
 from actors.messages import Reply as Answer
-from actors.session_core import (
+from actors.session.core import (
     Append,
     Decision,
     Fork,
@@ -42,7 +42,7 @@ from eventstore import (
     subjects,
 )
 from eventstore.catalogue import ForkedMessage, SessionForked
-from eventstore.projection import rebuild
+from eventstore.projector import rebuild
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer, ConnectFactory, Servers
 from tests.fakes import FakeAnthropic, Reply, ToolUse

@@ -26,8 +26,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.sync.client import connect as connect_ws
 
-from gateways.protocol import EdgeProtocol
-from gateways.wsprotocol import EdgeWebSocket
+from gateways.http.protocol import EdgeProtocol
+from gateways.http.wsprotocol import EdgeWebSocket
 from runtime.config import from_env
 from runtime.errors import ConfigError
 from tests.conftest import Servers
@@ -301,7 +301,7 @@ def test_keep_alive_requests_are_served_as_before(node: Serve) -> None:
 
 
 def test_a_response_leaves_in_one_write(node: Serve) -> None:
-    """The head waits for the body and goes out with it (gateways/protocol.py): the first read
+    """The head waits for the body and goes out with it (gateways/http/protocol.py): the first read
     of the answer holds all of it. (Two writes would make the first read return the head alone
     whenever the client reads between them.)"""
     with connect(node, "127.0.0.35") as sock:
@@ -358,7 +358,7 @@ def test_the_limits_are_settings_with_defaults_that_a_client_never_meets() -> No
 
 
 def test_the_protocols_override_methods_this_uvicorn_has() -> None:
-    """gateways/protocol.py and wsprotocol.py change uvicorn 0.54.0's protocols by overriding
+    """gateways/http/protocol.py and wsprotocol.py change uvicorn 0.54.0's protocols by overriding
     their methods: one
     that uvicorn renamed would silently be dead code. Upgrading uvicorn means re-reading
     uvicorn/protocols/http/httptools_impl.py and websockets_sansio_impl.py, then this pin."""

@@ -1,4 +1,4 @@
-"""Request telemetry of the HTTP gateway (gateways/telemetry.py) on a real node behind uvicorn:
+"""Request telemetry of the HTTP gateway (gateways/http/telemetry.py) on a real node behind uvicorn:
 request metrics by route template, the access line, ``X-Request-Id``, a malformed
 ``traceparent``, and the token counters of real model calls. The registry is process-wide, so
 metric checks are differences between two readings."""

@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import TextContent
 
 from gateways.client import Client
-from gateways.mcp_server import server
+from gateways.mcp.server import server
 from tests.conftest import ApiFactory, ApiServer
 from tests.test_approvals import CAREFUL, pending, turn
 

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from eventstore import START, RecordedEvent
 from eventstore.catalogue import TurnEnd
-from gateways.metrics import STREAM_SUBSCRIBERS, metrics_endpoint
+from gateways.http.metrics import STREAM_SUBSCRIBERS, metrics_endpoint
 from runtime.node import Node
 from tests import fakes
 from tests.conftest import NodeFactory

@@ -46,8 +46,8 @@ from schemathesis.specs.openapi.checks import (
 )
 from starlette.routing import Route
 
-from gateways import create_app
-from gateways.auth import OPEN_PATHS, WEBHOOK_PREFIX
+from gateways.http.app import create_app
+from gateways.http.auth import OPEN_PATHS, WEBHOOK_PREFIX
 from tests.conftest import ApiFactory, ApiServer
 from tests.turns import wait_end
 
@@ -76,7 +76,7 @@ CHECKS = [*CONFORMANCE, positive_data_acceptance, negative_data_rejection]
 # Refusals of schema-valid requests that no schema could prevent: `before` must name a turn of
 # this agent that exists; a delivery must name a channel the agent has; a schedule's expression
 # must fire (a cron that never does, a duration's bounds, an `at` ten years ahead), and a zone
-# may be one of the database's posix/ or right/ copies (gateways/openapi.py says the rest).
+# may be one of the database's posix/ or right/ copies (gateways/http/openapi.py says the rest).
 # (operation, error code, error field)
 _SCHEDULE = "/v1/agents/{agent}/schedules"
 _SCHEDULE_WRITES = (f"POST {_SCHEDULE}", f"PUT {_SCHEDULE}/{{schedule}}",

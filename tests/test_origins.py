@@ -1,7 +1,7 @@
-"""What a web page may do to a node (gateways/origins.py, gateways/auth.py): the Origin policy on
-HTTP and WebSocket, CORS for the allowed origins, JSON-only bodies, and the node secret that signs
-stream tokens. Requests here are made as a browser would make them (its headers); the same in a
-real Chromium is tests/test_browser.py."""
+"""What a web page may do to a node (gateways/http/origins.py, gateways/http/auth.py): the Origin
+policy on HTTP and WebSocket, CORS for the allowed origins, JSON-only bodies, and the node secret
+that signs stream tokens. Requests here are made as a browser would make them (its headers); the
+same in a real Chromium is tests/test_browser.py."""
 
 from __future__ import annotations
 

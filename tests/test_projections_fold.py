@@ -26,8 +26,8 @@ from eventstore.catalogue import (
 )
 from eventstore.envelope import RecordedEvent
 from eventstore.event import Event, type_name
-from eventstore.projection import run_statements, statements_for
 from eventstore.projections import TurnsProjection
+from eventstore.projector import run_statements, statements_for
 from tests.conftest import ConnectFactory
 from tests.test_stream_reasoning import call, thinking_turn
 from tests.test_turn_memory import failed_turn, noted_turn, tool_turn

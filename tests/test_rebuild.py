@@ -30,7 +30,7 @@ from eventstore import (
     rebuild,
 )
 from eventstore.errors import StoreError
-from eventstore.projection import Rebuilt, index_renames
+from eventstore.projector import Rebuilt, index_renames
 from tests.conftest import ConnectFactory, LiveStore, Servers
 from tests.test_cli import DISPACH
 from tests.test_projections import a_turn, snapshot

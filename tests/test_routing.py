@@ -1,4 +1,4 @@
-"""gateways/routing.py: the indexed router answers every request as Starlette's router does.
+"""gateways/http/routing.py: the indexed router answers every request as Starlette's router does.
 
 Both routers get the node's own route table (paths, methods, route kinds, order), with endpoints
 that say which route took the request, and the same requests: every route's path with sample
@@ -22,8 +22,8 @@ from starlette.routing import BaseRoute, Route, Router, WebSocketRoute
 from starlette.types import Message, Scope
 from starlette.websockets import WebSocket
 
-from gateways.http import create_app
-from gateways.routing import IndexedRouter
+from gateways.http.app import create_app
+from gateways.http.routing import IndexedRouter
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 VALUES = ("a", "t_01HZX", "x.y", "a b", "a/b", "-", "new", "7", "first")

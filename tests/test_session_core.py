@@ -20,7 +20,7 @@ from actors.messages import (
     StopTurn,
     Submit,
 )
-from actors.session_core import (
+from actors.session.core import (
     NOTHING,
     Accept,
     After,

@@ -29,7 +29,6 @@ from prometheus_client import Counter
 from actors import tracing
 from actors.bridge import InFlight
 from actors.cluster.ownership import LOCAL, Ownership
-from actors.engine import Engine
 from actors.messages import (
     TOO_DEEP,
     Accepted,
@@ -46,6 +45,7 @@ from actors.messages import (
     Submit,
     too_deep,
 )
+from actors.session.directory import SessionDirectory
 from eventstore import StoreError, subjects
 
 log = structlog.get_logger("dispach.commands")
@@ -79,7 +79,7 @@ def moving(retry_after: float) -> Refused:
 class Commands:
     def __init__(
         self,
-        engine: Engine,
+        engine: SessionDirectory,
         ownership: Ownership,
         nc: nats.aio.client.Client,
         *,
@@ -241,7 +241,7 @@ class Commands:
         return await self._local(int(partition), kind, command, _FORWARDED_TIMEOUT)
 
 
-async def _handle(engine: Engine, kind: str, command: Any) -> Reply:
+async def _handle(engine: SessionDirectory, kind: str, command: Any) -> Reply:
     handlers: dict[str, Callable[[Any], Awaitable[Any]]] = {
         "submit": engine.submit,
         "stop": engine.stop,

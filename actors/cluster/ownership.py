@@ -53,7 +53,7 @@ _FENCED_CATEGORIES = ("turn", "session")
 
 
 class Sessions(Protocol):
-    """What ownership asks of the engine (actors/engine.py)."""
+    """What ownership asks of the engine (actors/session/directory.py)."""
 
     async def resume_partitions(self, partitions: set[int]) -> int: ...
 

@@ -52,7 +52,7 @@ from eventstore.catalogue import ScheduleDefined, ScheduleFired, ScheduleRemoved
 from eventstore.event import Event
 
 if TYPE_CHECKING:
-    from actors.engine import Engine
+    from actors.session.directory import SessionDirectory
 
 log = structlog.get_logger("dispach.scheduler")
 
@@ -80,7 +80,7 @@ class Row:
 class SchedulerActor(LoopActor):
     def __init__(
         self,
-        engine: Engine,
+        engine: SessionDirectory,
         commands: CommandPath,
         *,
         grace: timedelta = timedelta(seconds=60),

@@ -3,7 +3,7 @@
 It is plain ES modules and CSS shipped as package data (``static/``), read once into memory and
 answered with an ETag: no build step, no Node toolchain, nothing fetched from elsewhere. The page
 calls the same API v1 as any client, from the node's own origin, so every browser guard holds
-(gateways/origins.py): it signs in with a bearer token kept in the tab's ``sessionStorage`` and
+(gateways/http/origins.py): it signs in with a bearer token kept in the tab's ``sessionStorage`` and
 reads streams with stream tokens (``?st=``), never with the bearer token in a URL.
 
 The assets are open (they hold no data; every call they make needs the token), and are answered
@@ -27,7 +27,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from eventstore import REGISTRY
-from gateways.errors import error_response
+from gateways.http.errors import error_response
 
 PREFIX = "/console"
 CSP = (

@@ -48,9 +48,9 @@ from actors.tools import (
     ToolSpec,
     schema_problem,
 )
+from gateways.http.metrics import MCP_CALLS, MCP_SERVER_FAILURES, MCP_SERVER_TOOLS, MCP_SERVER_UP
 from gateways.mcp.spec import Http, ServerSpec, Stdio
 from gateways.mcp.stdio import MessageTooLarge, stdio_transport
-from gateways.metrics import MCP_CALLS, MCP_SERVER_FAILURES, MCP_SERVER_TOOLS, MCP_SERVER_UP
 
 log = structlog.get_logger("dispach.mcp")
 

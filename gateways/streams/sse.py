@@ -23,8 +23,8 @@ from starlette.types import Scope as AsgiScope
 from eventstore import REGISTRY, Checkpoint, RecordedEvent, StoreError, encode_wire, streams
 from eventstore.catalogue import TurnEnd, TurnStart
 from eventstore.feed import CHUNK, Feed, Scope, Subscription
-from gateways import metrics
-from gateways.api import (
+from gateways.api.schemas import AcceptedBody
+from gateways.api.v1 import (
     ApiError,
     agent,
     cursor_param,
@@ -38,10 +38,10 @@ from gateways.api import (
     runtime,
     visible_agent,
 )
-from gateways.errors import json_response
+from gateways.http import metrics
+from gateways.http.errors import json_response
 from gateways.ingress import session_key_problem
-from gateways.schemas import AcceptedBody
-from gateways.streamtokens import DEFAULT_TTL_S, MAX_TTL_S, StreamGrant, StreamTokens, grant
+from gateways.streams.tokens import DEFAULT_TTL_S, MAX_TTL_S, StreamGrant, StreamTokens, grant
 
 HEARTBEAT_S = 15.0
 HEADERS = {
@@ -363,7 +363,7 @@ def _ended_frame(turn_id: str, event: RecordedEvent) -> bytes:
     return frame("stream.ended", _ENCODE.encode(end))
 
 
-# --- stream tokens (gateways/streamtokens.py): what one may read, and issuing one ----------------
+# --- stream tokens (gateways/streams/tokens.py): what one may read, and issuing one -------------
 
 
 def wrong_agent(allowed: StreamGrant, agent_id: str) -> ApiError:

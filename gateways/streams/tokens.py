@@ -86,7 +86,7 @@ class StreamTokens:
     def verify(self, token: str, now: float | None = None) -> StreamGrant | TokenRefused:
         """The token's grant, or why not (``stream_token_invalid`` for anything not signed by
         this secret, ``stream_token_expired`` past its expiry). A value, not an exception: the
-        Guard (gateways/auth.py) needs no import of this module."""
+        Guard (gateways/http/auth.py) needs no import of this module."""
         prefix, _, rest = token.partition(".")
         payload, _, mac = rest.partition(".")
         try:

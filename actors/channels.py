@@ -1,7 +1,7 @@
 """The channel host: where a message that arrived through a channel (Telegram, ...) becomes a
 turn, by the same door as an HTTP message (the command path to the session's owner, then
-Engine.submit there: acceptance, idempotency, the session's concurrency policy), or is refused
-on the record (``channel.rejected``).
+SessionDirectory.submit there: acceptance, idempotency, the session's concurrency policy), or is
+refused on the record (``channel.rejected``).
 
 A channel message's Idempotency-Key is its provider id (``<channel>:<bot>:<update_id>``), so a
 provider delivering the same update twice, or a poll repeated after a crash, makes one turn. The
@@ -13,9 +13,9 @@ from __future__ import annotations
 import structlog
 
 from actors.bridge import settled
-from actors.engine import Engine
 from actors.messages import Accepted, CommandPath, Submit
 from actors.outbox import InboundMessage
+from actors.session.directory import SessionDirectory
 from eventstore import ANY, Metadata, NewEvent, StoreError, streams
 from eventstore.catalogue import ChannelRejected, Deliver, Sender
 
@@ -25,7 +25,7 @@ log = structlog.get_logger("dispach.inbox")
 class ChannelHost:
     """One per agent: its channels hand inbound messages here."""
 
-    def __init__(self, engine: Engine, commands: CommandPath, agent_id: str) -> None:
+    def __init__(self, engine: SessionDirectory, commands: CommandPath, agent_id: str) -> None:
         self._engine = engine
         self._commands = commands
         self._agent_id = agent_id

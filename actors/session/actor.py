@@ -1,7 +1,7 @@
 """SessionActor: the single door of one session. It accepts messages as turns (appending each
 ``turn.start``), runs them one at a time, and applies the session's concurrency policy to a
 message that arrives while a turn runs: ``queue`` it, ``reject`` it, or ``interrupt`` the running
-turn and run it next. The policy is the pure core in actors/session_core.py; this actor loads,
+turn and run it next. The policy is the pure core in actors/session/core.py; this actor loads,
 decides, appends and evolves: it carries each decision out (appends, tells, timers, the turn's
 actor) and answers with it."""
 
@@ -36,7 +36,7 @@ from actors.messages import (
     Submit,
     TurnFinished,
 )
-from actors.session_core import (
+from actors.session.core import (
     Accept,
     After,
     AnswerHandOver,
@@ -70,7 +70,7 @@ from actors.turn.runner import TurnRunner
 from eventstore import AppendResult, NewEvent, RecordedEvent, streams
 
 if TYPE_CHECKING:
-    from actors.engine import Engine
+    from actors.session.directory import SessionDirectory
 
 log = structlog.get_logger("dispach.session")
 
@@ -140,7 +140,7 @@ class SessionActor(LoopActor):
     decides and submits appends, it never waits for one, so it needs no thread of its own; a
     node with ten thousand live sessions holds ten thousand small objects, not threads."""
 
-    def __init__(self, engine: Engine, agent_id: str, session_key: str) -> None:
+    def __init__(self, engine: SessionDirectory, agent_id: str, session_key: str) -> None:
         super().__init__(engine.portal.loop)
         self._engine = engine
         self._agent = engine.agents[agent_id]

@@ -1,5 +1,5 @@
 """``GET /v1/openapi.json``: the OpenAPI 3.1 document, generated from the msgspec types the
-handlers decode and encode (gateways/schemas.py), so it cannot drift from them."""
+handlers decode and encode (gateways/api/schemas.py), so it cannot drift from them."""
 
 from __future__ import annotations
 
@@ -14,15 +14,12 @@ from cronsim.cronsim import SYMBOLIC_DAYS, SYMBOLIC_MONTHS
 from actors.messages import ClusterStatus, SessionContext, TurnContext
 from actors.schedule.plan import ScheduleSpec
 from eventstore import REGISTRY, WireEvent
-from gateways.api import STATUSES
-from gateways.approvals import ApprovalList, Decision, DecisionAnswer
-from gateways.context import MAX_INPUT
-from gateways.errors import ErrorEnvelope
-from gateways.fork import MAX_INDEX
-from gateways.hooks import Taken
-from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
-from gateways.schedules import Deleted, ScheduleList, ScheduleResource
-from gateways.schemas import (
+from gateways.api.approvals import ApprovalList, Decision, DecisionAnswer
+from gateways.api.context import MAX_INPUT
+from gateways.api.fork import MAX_INDEX
+from gateways.api.hooks import Taken
+from gateways.api.schedules import Deleted, ScheduleList, ScheduleResource
+from gateways.api.schemas import (
     DELIVERY_STATUSES,
     AcceptedBody,
     AgentDetail,
@@ -44,8 +41,11 @@ from gateways.schemas import (
     TurnPage,
     TurnResource,
 )
-from gateways.sse import IssuedToken, TokenRequest
-from gateways.streamtokens import MAX_TTL_S
+from gateways.api.v1 import STATUSES
+from gateways.http.errors import ErrorEnvelope
+from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
+from gateways.streams.sse import IssuedToken, TokenRequest
+from gateways.streams.tokens import MAX_TTL_S
 
 _TYPES: tuple[Any, ...] = (
     ClusterStatus,
@@ -149,8 +149,8 @@ SCHEDULE_SESSION = f"^(isolated|shared:[^/\u0000]*{NOT_BLANK[:-1]}/\u0000][^/\u0
 
 
 def event_types() -> str:
-    """The ``types`` query parameter as the streams read it (gateways/sse.py): comma-separated
-    event types of the registry, each item stripped, empty items ignored."""
+    """The ``types`` query parameter as the streams read it (gateways/streams/sse.py):
+    comma-separated event types of the registry, each item stripped, empty items ignored."""
     name = "(" + "|".join(re.escape(t) for t in sorted(REGISTRY)) + ")"
     item = f"{_SPACE}*{name}?{_SPACE}*"
     return f"^{item}(,{item})*$"
@@ -210,7 +210,7 @@ def _op(
             "content": {"application/json": {"schema": _ref(body)}},
         }
     # Every operation but the always-open ones (health, this document: errors=()) is refused
-    # with 503 while the node is not ready (gateways/readiness.py).
+    # with 503 while the node is not ready (gateways/http/readiness.py).
     for status in (*errors, "503") if errors and "503" not in errors else errors:
         op["responses"][status] = _json(_ref(ErrorEnvelope), _ERRORS[status])
     op["security"] = [] if open_ else [{"bearer": []}]

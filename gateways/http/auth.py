@@ -1,6 +1,6 @@
 """Who may call the API and what a request must carry: bearer tokens (each optionally scoped to
 agents), stream tokens for browsers' streams, JSON bodies within the cap. (Where a request may
-come from, its Host and Origin, is gateways/origins.py.)
+come from, its Host and Origin, is gateways/http/origins.py.)
 
 Tokens come from ``DISPACH_API_TOKEN``: comma-separated, each ``secret`` or
 ``secret@agent1+agent2`` (scoped). Presented tokens are compared in constant time against every
@@ -21,9 +21,9 @@ from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateways import console
-from gateways.asgi import header
-from gateways.errors import deny
-from gateways.streamtokens import StreamGrant, StreamTokens
+from gateways.http.asgi import header
+from gateways.http.errors import deny
+from gateways.streams.tokens import StreamGrant, StreamTokens
 
 OPEN_PATHS = frozenset({"/v1/health", "/v1/ready", "/v1/openapi.json"})
 WEBHOOK_PREFIX = "/v1/channels/"
@@ -36,7 +36,7 @@ _NO_QUERY = QueryParams()
 @dataclass(frozen=True)
 class Principal:
     """The caller: which agents it may see (None: all of them), and, for a stream token, the
-    one stream it may read (see gateways/streamtokens.py)."""
+    one stream it may read (see gateways/streams/tokens.py)."""
 
     agents: frozenset[str] | None = None
     stream: StreamGrant | None = None
@@ -82,9 +82,9 @@ class TokenTable:
 
 
 class Guard:
-    """ASGI middleware in front of every route (behind :class:`gateways.origins.Reach`): what a
+    """ASGI middleware in front of every route (behind :class:`gateways.http.origins.Reach`): what a
     request must carry. A body is JSON and within the cap; the caller is authenticated by a
-    bearer token, or reads a stream with a stream token (``?st=``, gateways/streamtokens.py)."""
+    bearer token, or reads a stream with a stream token (``?st=``, gateways/streams/tokens.py)."""
 
     def __init__(
         self,
@@ -165,7 +165,7 @@ class Guard:
 STREAM_READ_ONLY_HINT = "a stream token only reads streams; send the API token for anything else"
 PRIVATE_QUERY = "private"
 """``?private=true``: a turn's stored events with the tool arguments and outputs
-(gateways/api.py ``turn_events``)."""
+(gateways/api/v1.py ``turn_events``)."""
 PRIVATE_NEEDS_TOKEN = (
     403,
     "private_needs_token",

@@ -10,11 +10,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateways.api import principal
-from gateways.errors import error_response
+from gateways.api.v1 import principal
+from gateways.http.errors import error_response
 
 # Labelled by route template (``/v1/agents/{agent}``), never the raw path: a path names agents,
-# sessions and turns without bound. gateways/telemetry.py observes them.
+# sessions and turns without bound. gateways/http/telemetry.py observes them.
 HTTP_REQUESTS = Counter(
     "dispach_http_requests",
     "HTTP requests answered, by method, route template (unmatched: no route) and status; a "

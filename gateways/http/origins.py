@@ -21,8 +21,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateways.asgi import header
-from gateways.errors import deny, error_response
+from gateways.http.asgi import header
+from gateways.http.errors import deny, error_response
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 CORS_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")

@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from actors.messages import Refused, SessionContext, TurnContext
 from eventstore import StoreError
-from gateways.api import (
+from gateways.api.v1 import (
     ApiError,
     agent,
     load_turn,
@@ -25,7 +25,7 @@ from gateways.api import (
     runtime,
     store_error,
 )
-from gateways.errors import json_response
+from gateways.http.errors import json_response
 from gateways.ingress import MAX_SESSION_KEY
 
 MAX_INPUT = 4000
@@ -34,7 +34,7 @@ URLs of up to 64 KiB (4,000 characters of 4 bytes percent-encode to 48 KiB)."""
 
 
 class ContextReader(Protocol):
-    """What these routes need of the engine (actors/engine.py)."""
+    """What these routes need of the engine (actors/session/directory.py)."""
 
     async def context(
         self, agent_id: str, session_key: str, text: str = "", messages: bool = False

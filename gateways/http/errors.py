@@ -16,7 +16,7 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     field: str | None = None
     accepted: Literal["unknown"] | None = None
     """On ``504 accept_timeout``: whether the message was accepted is not known
-    (gateways/acceptance.py)."""
+    (gateways/api/acceptance.py)."""
 
 
 class ErrorEnvelope(msgspec.Struct, frozen=True):

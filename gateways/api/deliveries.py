@@ -3,8 +3,9 @@ read from the outbox projection (eventstore/outbox.py) that the outbox actor wor
 
 An item is one chunk of one reply to one recipient. Its stored state (``pending``, ``inflight``,
 ``sent``, ``failed``, ``uncertain``) is shown as a person reads it: a pending item that has been
-tried is ``retrying``, an inflight one ``sending`` (gateways/sql/deliveries.sql). The text of the
-reply is never in the answer: the page says where a reply is, the session's history what it said.
+tried is ``retrying``, an inflight one ``sending`` (gateways/api/sql/deliveries.sql). The text of
+the reply is never in the answer: the page says where a reply is, the session's history what it
+said.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateways.api import MAX_PAGE, ApiError, agent, fetch, int_param
-from gateways.errors import json_response
-from gateways.schemas import DELIVERY_STATUSES, DeliveryError, DeliveryItem, DeliveryList
+from gateways.api.schemas import DELIVERY_STATUSES, DeliveryError, DeliveryItem, DeliveryList
+from gateways.api.v1 import MAX_PAGE, ApiError, agent, fetch, int_param
+from gateways.http.errors import json_response
 
 DEFAULT_PAGE = 100
 

@@ -33,10 +33,9 @@ from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError,
 from eventstore.catalogue import EndReason
 from eventstore.feed import Feed
 from eventstore.projections import turn_row
-from gateways import acceptance, ingress
-from gateways.auth import EVERYONE, PRIVATE_NEEDS_TOKEN, PRIVATE_QUERY, Principal
-from gateways.errors import json_response
-from gateways.schemas import (
+from gateways import ingress
+from gateways.api import acceptance
+from gateways.api.schemas import (
     AcceptedBody,
     AgentDetail,
     AgentInfo,
@@ -49,6 +48,8 @@ from gateways.schemas import (
     TurnPage,
     TurnResource,
 )
+from gateways.http.auth import EVERYONE, PRIVATE_NEEDS_TOKEN, PRIVATE_QUERY, Principal
+from gateways.http.errors import json_response
 
 STATUSES: tuple[str, ...] = ("running", *typing.get_args(EndReason))
 MAX_PAGE = 500
@@ -65,7 +66,7 @@ class Runtime(Protocol):
     """The scheduler actor's ref (None until the node is ready)."""
     engine: Any
     """The node's engine (None until the node is ready): the context routes read through it
-    (see gateways/context.py)."""
+    (see gateways/api/context.py)."""
 
     @property
     def commands(self) -> CommandPath | None:
@@ -73,7 +74,7 @@ class Runtime(Protocol):
         ...
 
     accept_timeout: float
-    """Seconds ``POST …/messages`` waits for its session's acceptance (gateways/acceptance.py
+    """Seconds ``POST …/messages`` waits for its session's acceptance (gateways/api/acceptance.py
     says what a client is told after that)."""
 
     def uptime_ms(self) -> int: ...
@@ -151,7 +152,7 @@ def store_error(e: StoreError) -> ApiError:
 
 @functools.cache
 def sql(name: str) -> bytes:
-    return resources.files("gateways").joinpath("sql", f"{name}.sql").read_bytes()
+    return resources.files("gateways.api").joinpath("sql", f"{name}.sql").read_bytes()
 
 
 # --- plumbing --------------------------------------------------------------------------------
@@ -171,7 +172,7 @@ async def refuse_archived(
     request: HTTPConnection, after: Checkpoint, turn_id: str | None = None
 ) -> None:
     """``410 cursor_archived`` before a stream starts (its status is sent first) when its
-    catch-up would pass over archived events (eventstore/archived.py)."""
+    catch-up would pass over archived events (eventstore/archive_ranges.py)."""
     store = store_of(request)
     try:
         await store.archived.acheck(store.apool, after, turn_id=turn_id)
@@ -472,7 +473,7 @@ def accepted_response(
         turn_id=result.turn_id, session_key=result.session_key, replayed=result.replayed
     )
     if body.stream:
-        from gateways.sse import turn_stream_response
+        from gateways.streams.sse import turn_stream_response
 
         return turn_stream_response(
             request,

@@ -13,8 +13,8 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateways.api import ApiError, read_body, runtime
-from gateways.errors import json_response
+from gateways.api.v1 import ApiError, read_body, runtime
+from gateways.http.errors import json_response
 
 _HOOK_BODY_MAX = 1_000_000
 

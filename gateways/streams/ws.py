@@ -31,8 +31,9 @@ from actors.messages import TOO_DEEP, Refused, StopResult, StopTurn, too_deep
 from eventstore import Checkpoint, InvalidCursor, RecordedEvent, encode_wire
 from eventstore.catalogue import Deliver, Sender, TurnEnd
 from eventstore.feed import Scope
-from gateways import approvals, ingress, metrics
-from gateways.api import (
+from gateways import ingress
+from gateways.api import approvals
+from gateways.api.v1 import (
     ApiError,
     commands_of,
     load_turn,
@@ -41,9 +42,10 @@ from gateways.api import (
     runtime,
     visible_agent,
 )
-from gateways.auth import STREAM_READ_ONLY_HINT, SUBPROTOCOL
+from gateways.http import metrics
+from gateways.http.auth import STREAM_READ_ONLY_HINT, SUBPROTOCOL
 from gateways.ingress import field_of, shape_refused
-from gateways.sse import (
+from gateways.streams.sse import (
     chunk_options,
     feed_of,
     known_types,

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from actors.messages import Refused, ResolveApproval
 from eventstore import EventStore, StoreError
 from eventstore.catalogue import ApprovalRequested
-from gateways.api import (
+from gateways.api.v1 import (
     ApiError,
     agent,
     commands_of,
@@ -30,7 +30,7 @@ from gateways.api import (
     store_error,
     store_of,
 )
-from gateways.errors import json_response
+from gateways.http.errors import json_response
 
 
 class ApprovalInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -1,5 +1,5 @@
 """The HTTP surface of a node (Starlette): API v1, its streams, the WebSocket, OpenAPI and
-metrics, behind the :class:`gateways.auth.Guard` (DESIGN.md 6)."""
+metrics, behind the :class:`gateways.http.auth.Guard` (DESIGN.md 6)."""
 
 from __future__ import annotations
 
@@ -17,30 +17,21 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateways import (
-    api,
-    approvals,
-    console,
-    context,
-    deliveries,
-    fork,
-    hooks,
-    openapi,
-    schedules,
-    sessions,
-    sse,
-    ws,
-)
-from gateways.api import ApiError, Runtime
-from gateways.auth import Guard, TokenTable
-from gateways.errors import error_response, json_response
-from gateways.metrics import metrics_endpoint
-from gateways.origins import Cors, Reach
-from gateways.readiness import Readiness
-from gateways.routing import IndexedRouter
-from gateways.schemas import Health, Ready
-from gateways.streamtokens import StreamTokens
-from gateways.telemetry import Telemetry
+from gateways import console
+from gateways.api import approvals, context, deliveries, fork, hooks, schedules, sessions
+from gateways.api import v1 as api
+from gateways.api.schemas import Health, Ready
+from gateways.api.v1 import ApiError, Runtime
+from gateways.http import openapi
+from gateways.http.auth import Guard, TokenTable
+from gateways.http.errors import error_response, json_response
+from gateways.http.metrics import metrics_endpoint
+from gateways.http.origins import Cors, Reach
+from gateways.http.readiness import Readiness
+from gateways.http.routing import IndexedRouter
+from gateways.http.telemetry import Telemetry
+from gateways.streams import sse, ws
+from gateways.streams.tokens import StreamTokens
 
 log = structlog.get_logger("dispach.http")
 
@@ -140,7 +131,7 @@ def create_app(
         Route("/v1/channels/{channel}/webhook/{agent}", hooks.channel_webhook, methods=["POST"]),
         Route("/v1/stream-tokens", sse.create_stream_token, methods=["POST"]),
         WebSocketRoute("/v1/ws", ws.websocket_endpoint),
-        # MCP over streamable HTTP (an ASGI app: every method it takes; gateways/mcp_server.py).
+        # MCP over streamable HTTP (an ASGI app: every method it takes; gateways/mcp/server.py).
         Route("/v1/mcp", _McpEndpoint(VERSION, max_body)),
         *console.routes(),
     ]
@@ -247,6 +238,6 @@ class _McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
-            module = await asyncio.to_thread(importlib.import_module, "gateways.mcp_server")
+            module = await asyncio.to_thread(importlib.import_module, "gateways.mcp.server")
             self._app = module.HttpEndpoint(self.version, self.max_body)
         await self._app(scope, receive, send)

@@ -1,5 +1,6 @@
-"""The engine: where a command for a session finds its SessionActor (activated on demand,
-passivated when idle), and where unfinished turns are found and resumed at start."""
+"""The directory of a node's sessions: where a command for a session finds its SessionActor
+(activated on demand, passivated when idle), and where unfinished turns are found and resumed at
+start."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ from actors.messages import (
     Submit,
     TurnContext,
 )
-from actors.session import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
-from actors.session_core import Fork
+from actors.session.actor import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
+from actors.session.core import Fork
 from eventstore import EventStore, StoreError, WrongExpectedVersion
 from eventstore.catalogue import Deliver
 
@@ -56,7 +57,7 @@ _APPROVAL = b"""SELECT session_key, status, turn_id FROM approvals
                  WHERE approval_id = %s AND agent_id = %s"""
 
 
-class Engine:
+class SessionDirectory:
     def __init__(
         self,
         store: EventStore,

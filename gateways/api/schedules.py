@@ -21,7 +21,8 @@ from actors.messages import Accepted, DefineSchedule, RemoveSchedule, RunSchedul
 from actors.schedule.plan import ScheduleSpec, next_due, problems
 from eventstore import NO_STREAM, StoreError, WrongExpectedVersion
 from eventstore.catalogue import Deliver
-from gateways.api import (
+from gateways.api.schemas import AcceptedBody
+from gateways.api.v1 import (
     ApiError,
     agent,
     decode_body,
@@ -31,8 +32,7 @@ from gateways.api import (
     runtime,
     store_error,
 )
-from gateways.errors import json_response
-from gateways.schemas import AcceptedBody
+from gateways.http.errors import json_response
 
 _ASK_TIMEOUT = 10.0
 

@@ -18,7 +18,7 @@ uvicorn 0.54.0 (``http="httptools"``) leaves these to a proxy:
 - **The error envelope for what no route sees.** Malformed HTTP (a bad ``Content-Length``, NUL or
   non-ASCII bytes in the path, invalid header bytes, a request line that is not one) got uvicorn's
   plain text ``Invalid HTTP request received.``: here ``400 http_request_invalid`` with the
-  parser's reason. (A refused WebSocket handshake: gateways/wsprotocol.py.)
+  parser's reason. (A refused WebSocket handshake: gateways/http/wsprotocol.py.)
 - **One write per response.** uvicorn writes a response's head and its body separately: two
   system calls and two packets for every small JSON answer (10 % of a node's CPU under a burst
   of turns, most of it in the kernel). Here the head waits for the body's first bytes (or the end
@@ -54,8 +54,8 @@ import msgspec
 import structlog
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateways.errors import ErrorBody, ErrorEnvelope
-from gateways.wsprotocol import EdgeWebSocket
+from gateways.http.errors import ErrorBody, ErrorEnvelope
+from gateways.http.wsprotocol import EdgeWebSocket
 
 log = structlog.get_logger("dispach.http")
 

@@ -45,7 +45,7 @@ from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
 from gateways.client import Client, ClientError
-from gateways.errors import deny, error_response
+from gateways.http.errors import deny, error_response
 
 __all__ = ["MAX_CALLS", "TOOLS", "Connect", "HttpEndpoint", "serve_stdio", "server"]
 

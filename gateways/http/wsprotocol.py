@@ -1,5 +1,5 @@
 """The node's WebSocket protocol: uvicorn's, with the error envelope for a refused handshake
-and the connection's count (gateways/protocol.py) released when it closes.
+and the connection's count (gateways/http/protocol.py) released when it closes.
 
 uvicorn 0.54.0's WebSocket protocol (websockets' sans-I/O one, which ``ws="auto"`` picks) answers
 a handshake websockets refuses (no ``Sec-WebSocket-Key``, a version other than 13, a head over
@@ -20,7 +20,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 from websockets.server import ServerProtocol
 
-from gateways.errors import ErrorBody, ErrorEnvelope
+from gateways.http.errors import ErrorBody, ErrorEnvelope
 
 JSON = "application/json"
 _ENCODE = msgspec.json.Encoder().encode
@@ -28,7 +28,7 @@ _ENCODE = msgspec.json.Encoder().encode
 
 class EdgeWebSocket(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol with two changes: a refused handshake is answered with the
-    envelope, and the connection's count (taken over from ``gateways.protocol.EdgeProtocol`` at
+    envelope, and the connection's count (taken over from ``gateways.http.protocol.EdgeProtocol`` at
     the upgrade) is released when it closes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

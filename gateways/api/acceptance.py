@@ -18,7 +18,7 @@ from starlette.responses import Response
 from actors import idempotency
 from actors.messages import Accepted, Refused
 from eventstore import EventStore, StoreError
-from gateways.errors import error_response
+from gateways.http.errors import error_response
 from gateways.ingress import IngressMessage
 
 LOOKUP_TIMEOUT_S = 2.0

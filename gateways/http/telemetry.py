@@ -28,7 +28,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from actors import tracing
-from gateways.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
+from gateways.http.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
 
 access = structlog.get_logger("dispach.access")
 

@@ -11,7 +11,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.messages import ClearSession, Refused
-from gateways.api import (
+from gateways.api.schemas import (
+    ClearedBody,
+    ForkOrigin,
+    MessagePage,
+    PhaseBody,
+    SessionSummary,
+    StoredMessage,
+)
+from gateways.api.v1 import (
     MAX_PAGE,
     STATUSES,
     ApiError,
@@ -23,15 +31,7 @@ from gateways.api import (
     read_body,
     refused,
 )
-from gateways.errors import json_response
-from gateways.schemas import (
-    ClearedBody,
-    ForkOrigin,
-    MessagePage,
-    PhaseBody,
-    SessionSummary,
-    StoredMessage,
-)
+from gateways.http.errors import json_response
 
 
 async def list_sessions(request: Request) -> Response:
