@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import structlog
 
-from actors.bridge import settled
 from actors.messages import Accepted, CommandPath, Submit
 from actors.outbox import InboundMessage
 from actors.session.directory import SessionDirectory
 from eventstore import ANY, Metadata, NewEvent, StoreError, streams
+from eventstore.bridge import settled
 from eventstore.catalogue import ChannelRejected, Deliver, Sender
 
 log = structlog.get_logger("dispach.inbox")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import time
+
+from eventstore.bridge import Lock
 
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -26,7 +27,7 @@ class _Entropy:
     was 0.3 ms of a turn's event-loop time under load, five calls per turn)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = Lock()
         self._pool = b""
         self._at = 0
         os.register_at_fork(after_in_child=self.forget)

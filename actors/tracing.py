@@ -31,6 +31,12 @@ if TYPE_CHECKING:
 ENABLED = False
 """Whether spans are made; read it as ``tracing.ENABLED`` (it changes at :func:`configure`)."""
 
+
+def enabled() -> bool:
+    """Whether spans are made (for a module that imports this one's functions by name)."""
+    return ENABLED
+
+
 _tracer: Tracer | None = None
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 

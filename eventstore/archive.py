@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 import queue
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -48,6 +47,7 @@ import psycopg
 from isal import isal_zlib
 from psycopg import sql
 
+from eventstore import bridge
 from eventstore._sql import check_schema_name
 from eventstore.archive_ranges import GUARD_DELAY
 from eventstore.errors import StoreError
@@ -326,8 +326,7 @@ def _export(conn: Connection, table: sql.Composable, raw: IO[bytes]) -> _Exporte
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, raised there
             chunks.put(e)
 
-    reader = threading.Thread(target=produce, name="dispach-archive-export", daemon=True)
-    reader.start()
+    reader = bridge.start_thread(produce, "dispach-archive-export")
     file_sha, rows_sha = hashlib.sha256(), hashlib.sha256()
     compress = isal_zlib.compressobj(_GZIP_LEVEL, isal_zlib.DEFLATED, _GZIP_WBITS)
     lines = size = file_bytes = 0

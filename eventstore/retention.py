@@ -15,6 +15,7 @@ import psycopg
 import structlog
 
 from eventstore.archive import ArchiveError, Retention, archive, connect, eligible
+from eventstore.bridge import blocking
 
 log = structlog.get_logger("dispach.retention")
 
@@ -46,7 +47,7 @@ async def run(conninfo: str, schema: str, retention: Retention, directory: Path,
     at the next."""
     while True:
         try:
-            await asyncio.to_thread(archive_eligible, conninfo, schema, retention, directory)
+            await blocking(archive_eligible, conninfo, schema, retention, directory)
         except (psycopg.Error, OSError) as e:
             log.warning("retention_failed", error=str(e))
         await asyncio.sleep(every_s)

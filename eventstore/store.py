@@ -19,6 +19,7 @@ import psycopg_pool
 
 from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.archive_ranges import Archived
+from eventstore.bridge import blocking
 from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import InvalidAppend, InvalidValue, StoreError, StoreUnavailable
@@ -99,7 +100,7 @@ class EventStore:
         """:meth:`open` from an event loop, plus the pool the coroutine readers use. Appends
         submitted on this loop are answered on it, and ``on_commit`` is called on it."""
         self._writer.deliver_on(asyncio.get_running_loop())
-        applied = await asyncio.to_thread(self.open)
+        applied = await blocking(self.open)
         await self._apool.open(wait=True, timeout=10)
         return applied
 
@@ -108,9 +109,9 @@ class EventStore:
         self._pool.close()
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self._writer.stop)
+        await blocking(self._writer.stop)
         await self._apool.close()
-        await asyncio.to_thread(self._pool.close)
+        await blocking(self._pool.close)
 
     async def probe(self) -> None:
         """Watch Postgres until cancelled (see eventstore/health.py). After an outage the
@@ -120,7 +121,7 @@ class EventStore:
         async def renew() -> None:
             with contextlib.suppress(psycopg.Error, psycopg_pool.PoolTimeout):
                 await self._apool.check()
-                await asyncio.to_thread(self._pool.check)
+                await blocking(self._pool.check)
 
         await self.health.probe(renew)
 
@@ -148,7 +149,7 @@ class EventStore:
         Under a ``fence`` (by default the one :attr:`fencing` names for the stream and its first
         event's metadata) the append is refused with ``Fenced`` once the partition's fence is
         at a newer epoch. Submitted on the loop that opened the store (:meth:`aopen`), the
-        future is answered on that loop (await it with ``actors.bridge.settled``); pass
+        future is answered on that loop (await it with ``eventstore.bridge.settled``); pass
         ``blocking`` to wait on it with ``result()`` instead."""
         if not events:
             raise InvalidAppend("an append needs at least one event", "pass one or more events")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
-import threading
 import time
 import uuid
 from collections import deque
@@ -26,6 +25,7 @@ import psycopg
 import structlog
 from psycopg import errors as pgerrors
 
+from eventstore import bridge
 from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.decision import AppendResult, Command, decide
 from eventstore.envelope import NewEvent, RecordedEvent
@@ -120,7 +120,7 @@ class GroupCommitWriter:
         self._max_batch = max_batch
         self._conn: psycopg.Connection[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._run, name="dispach-writer", daemon=True)
+        self._thread: bridge.Thread | None = None
         self._closed = False
         self._partitions: tuple[int, Partitioning] | None = None
         """The log's last partition bound and how it is cut, as this writer last made sure of
@@ -131,7 +131,7 @@ class GroupCommitWriter:
     def start(self) -> None:
         self._conn = self._connect()
         self._ensure_partitions(0)
-        self._thread.start()
+        self._thread = bridge.start_thread(self._run, "dispach-writer")
 
     def deliver_on(self, loop: asyncio.AbstractEventLoop) -> None:
         """Answer the appends submitted on ``loop`` there, and call ``on_commit`` there: each
@@ -169,7 +169,7 @@ class GroupCommitWriter:
         if self._closed:
             return
         self._closed = True
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(_STOP, timeout=timeout)
             self._thread.join(timeout)
         if self._conn is not None:
@@ -339,9 +339,7 @@ class GroupCommitWriter:
             _resolve(command, outcome)
         notify = committed if self._on_commit is not None else ()
         if loop is not None and (there or notify):
-            try:
-                loop.call_soon_threadsafe(self._delivered, there, notify)
-            except RuntimeError:  # the loop is closed
+            if not bridge.deliver(loop, self._delivered, there, notify):  # the loop is closed
                 for command, outcome in there:
                     _resolve(command, outcome)
             return

@@ -15,8 +15,8 @@ import nats.aio.subscription
 import nats.errors
 import structlog
 
-from actors import idempotency, tracing
-from actors.bridge import InFlight
+from actors.idempotency import key_refused
+from actors.inflight import InFlight
 from actors.messages import (
     TOO_DEEP,
     Accepted,
@@ -25,6 +25,8 @@ from actors.messages import (
     Submit,
     too_deep,
 )
+from actors.tracing import attached
+from actors.tracing import headers as trace_headers
 from eventstore import subjects
 from eventstore.catalogue import Deliver, Sender
 
@@ -81,7 +83,7 @@ async def request(
     deployment answers; the message then takes the command path to its session's owner)."""
     try:
         answer = await nc.request(subjects.ingress(agent_id), _ENCODE.encode(message), timeout,
-                                  headers=tracing.headers())  # fmt: skip
+                                  headers=trace_headers())  # fmt: skip
     except nats.errors.NoRespondersError:
         return Refused(code="no_node", message="no node serves sessions right now",
                        hint="start a node (`dispach serve`) against this NATS")  # fmt: skip
@@ -170,7 +172,7 @@ def check(message: IngressMessage) -> Refused | None:
     if problem is not None:
         return problem
     if message.idempotency_key is not None:
-        return idempotency.key_refused(message.idempotency_key)
+        return key_refused(message.idempotency_key)
     return None
 
 
@@ -197,7 +199,7 @@ class Ingress:
     async def _handle(self, msg: nats.aio.msg.Msg) -> None:
         agent_id = msg.subject.rsplit(".", 1)[-1]
         # A producer's traceparent/tracestate headers, when it sends them and tracing is on.
-        with tracing.attached(msg.headers):
+        with attached(msg.headers):
             result = await self._accept(agent_id, msg.data)
         if msg.reply:
             body = _ENCODE.encode(Error(result) if isinstance(result, Refused) else result)

@@ -22,12 +22,13 @@ import pykka
 import structlog
 import uvicorn
 
-from actors import ActorHost, Portal, tracing
+from actors import tracing
+from actors.actor import ask
 from actors.agent import Agent
-from actors.bridge import settled
 from actors.channels import ChannelHost
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
+from actors.host import ActorHost
 from actors.messages import ClusterStatus
 from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
@@ -43,6 +44,7 @@ from eventstore import (
     subjects,
 )
 from eventstore.archive import Retention
+from eventstore.bridge import Portal, blocking
 from eventstore.catalogue import DeliveryEnqueued
 from eventstore.errors import DispachError
 from eventstore.feed import Feed
@@ -168,7 +170,7 @@ class Node:
         self._tracing = tracing.configure(self.node_id)  # on when an OTLP endpoint is set
         subjects.use(self.settings.cluster)
         if self.services.needed:
-            await asyncio.to_thread(self.services.start)
+            await blocking(self.services.start)
         database_url, nats_url = self.services.database_url, self.services.nats_url
         assert database_url is not None and nats_url is not None
         self.nc = await nats.connect(
@@ -291,7 +293,7 @@ class Node:
         each to list its tools), then build the agents: before any turn is resumed, so a
         resumed turn finds the tools it was using."""
         self._env = dict(os.environ)
-        self._manifests = await asyncio.to_thread(manifest.load_manifests,
+        self._manifests = await blocking(manifest.load_manifests,
                                                   self.settings.agents_path)  # fmt: skip
         declared = {a: manifest.mcp_servers(m, self._env) for a, m in self._manifests.items()}
         if any(declared.values()):
@@ -301,7 +303,7 @@ class Node:
             self._mcp = {a: [hub.source(spec) for spec in specs] for a, specs in declared.items()}
             self.mcp = hub
             await hub.start(MCP_START_SECONDS)
-        self.agents = await asyncio.to_thread(lambda: {
+        self.agents = await blocking(lambda: {
             agent_id: manifest.build(m, self._env, self._mcp.get(agent_id, ()))
             for agent_id, m in self._manifests.items()
         })  # fmt: skip
@@ -362,7 +364,7 @@ class Node:
         if self.engine is not None:
             await self.engine.drain(timeout)  # stops the actors and waits for the turns
         else:
-            await asyncio.to_thread(self.actors.stop, timeout)
+            await blocking(self.actors.stop, timeout)
         for agent in self.agents.values():
             await agent.model.aclose()
             for channel in agent.channels.values():
@@ -388,9 +390,9 @@ class Node:
             with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
                 await asyncio.wait_for(self.nc.drain(), timeout)
             self.nc = None
-        await asyncio.to_thread(self.services.stop)
+        await blocking(self.services.stop)
         if self._tracing is not None:  # exports what is buffered (a bounded wait)
-            await asyncio.to_thread(self._tracing.shutdown)
+            await blocking(self._tracing.shutdown)
             self._tracing = None
         self._phase = "stopped"
         log.info("node_stopped", node=self.node_id)
@@ -555,8 +557,8 @@ async def _tell(actor: pykka.ActorRef[Any], message: object) -> None:
 async def _settle(actor: pykka.ActorRef[Any], message: object, timeout: float) -> None:
     """Ask an actor something it answers with a future, and wait for that future."""
     with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
-        done = await Portal.ask(actor, message, timeout)
-        await asyncio.wait_for(settled(done), timeout)
+        done = await ask(actor, message, timeout)
+        await asyncio.wait_for(asyncio.shield(done), timeout)
 
 
 async def _nats_error(e: Exception) -> None:

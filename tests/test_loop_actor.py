@@ -10,7 +10,7 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.bridge import LoopActor
+from actors.actor import LoopActor
 
 
 class Recorder(LoopActor):

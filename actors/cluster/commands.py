@@ -27,8 +27,8 @@ import structlog
 from prometheus_client import Counter
 
 from actors import tracing
-from actors.bridge import InFlight
 from actors.cluster.ownership import LOCAL, Ownership
+from actors.inflight import InFlight
 from actors.messages import (
     TOO_DEEP,
     Accepted,

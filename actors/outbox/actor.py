@@ -16,7 +16,6 @@ itself only wakes the drain loop (a commit added items, a send freed a slot).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import functools
 import random
@@ -30,7 +29,7 @@ from typing import Any
 import structlog
 
 from actors import faults, tracing
-from actors.bridge import Ask, LoopActor, Portal, answer, settled
+from actors.actor import LoopActor
 from actors.outbox.channel import Channel, SendResult
 from actors.outbox.metrics import DELIVERIES, DELIVERY_SECONDS, OUTBOX_DEPTH
 from actors.outbox.plan import Item, outbound, settle
@@ -43,6 +42,7 @@ from eventstore import (
     WrongExpectedVersion,
     streams,
 )
+from eventstore.bridge import Portal, settled
 from eventstore.catalogue import DeliveryAttempted, DeliveryFailed, DeliveryUncertain
 from eventstore.event import Event
 
@@ -109,9 +109,6 @@ class OutboxActor(LoopActor):
         self._task = self._loop.create_task(self._run(), name="outbox")
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Ask):
-            answer(message, self.on_receive)
-            return None
         if message == KICK:
             self._dry_until = 0.0
             self._wake.set()
@@ -119,21 +116,19 @@ class OutboxActor(LoopActor):
             return self._drain_sends()
         return None
 
-    def _drain_sends(self) -> concurrent.futures.Future[None]:
+    def _drain_sends(self) -> asyncio.Task[None]:
         """Stop the drain loop and let the sends in flight finish; the answer settles once the
         loop has ended and every send has recorded its outcome."""
         if self._task is not None:
             self._task.cancel()
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
         tasks = [*self._busy.values(), *([self._task] if self._task is not None else [])]
 
         async def settle() -> None:
             if tasks:
                 await asyncio.wait(tasks)
-            done.set_result(None)
 
         self._drainer = self._loop.create_task(settle())
-        return done
+        return self._drainer
 
     def on_stop(self) -> None:
         # Sends in flight are cancelled: an item whose attempt is committed and whose answer is

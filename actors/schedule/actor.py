@@ -17,7 +17,6 @@ manifests (reconciled at start) and from the API come through it.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import structlog
 
-from actors.bridge import Ask, LoopActor, Portal, answer, settled
+from actors.actor import LoopActor
 from actors.messages import (
     Accepted,
     CommandPath,
@@ -48,6 +47,7 @@ from eventstore import (
     WrongExpectedVersion,
     streams,
 )
+from eventstore.bridge import settled
 from eventstore.catalogue import ScheduleDefined, ScheduleFired, ScheduleRemoved, ScheduleSkipped
 from eventstore.event import Event
 
@@ -98,25 +98,20 @@ class SchedulerActor(LoopActor):
         if self._task is not None:
             self._task.cancel()
 
-    def _stopping(self) -> concurrent.futures.Future[None]:
+    def _stopping(self) -> asyncio.Task[None]:
         """Cancel the clock; the answer settles once its task has unwound (a firing in progress
         is cancelled: its key makes the next start's firing of the same tick a replay)."""
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
         task = self._task
 
         async def unwound() -> None:
             if task is not None:
                 task.cancel()
                 await asyncio.wait([task])
-            done.set_result(None)
 
         self._closer = self._loop.create_task(unwound())
-        return done
+        return self._closer
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Ask):
-            answer(message, self.on_receive)
-            return None
         match message:
             case "kick":
                 self._wake.set()
@@ -126,9 +121,9 @@ class SchedulerActor(LoopActor):
             case "drain":
                 return self._stopping()
             case DefineSchedule() | RemoveSchedule() as change:
-                return Portal(self._loop).spawn(self._change(change))
+                return self._loop.create_task(self._change(change))
             case RunSchedule(agent_id=agent_id, schedule_id=sid):
-                return Portal(self._loop).spawn(self._run_now(agent_id, sid))
+                return self._loop.create_task(self._run_now(agent_id, sid))
         return None
 
     # --- the clock ----------------------------------------------------------------------------

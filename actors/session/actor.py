@@ -8,7 +8,6 @@ actor) and answers with it."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import time
 from concurrent.futures import Future
@@ -21,7 +20,7 @@ import pykka
 import structlog
 
 from actors import ids
-from actors.bridge import Ask, LoopActor, answer, refuse_pending
+from actors.actor import LoopActor, tell
 from actors.context import fork
 from actors.context import load as context_load
 from actors.context.history import History
@@ -121,18 +120,13 @@ class _Turn:
     runner: TurnRunner
 
 
-def _tell(ref: pykka.ActorRef[Any], message: object) -> None:
-    with contextlib.suppress(pykka.ActorDeadError):
-        ref.tell(message)
-
-
 def _settled(ref: pykka.ActorRef[Any], message: object, _done: Future[AppendResult]) -> None:
-    _tell(ref, message)
+    tell(ref, message)
 
 
 def _start_settled(ref: pykka.ActorRef[Any], turn_id: str, future: Future[AppendResult]) -> None:
     result = None if future.exception() is not None else future.result()
-    _tell(ref, _Committed(turn_id, result))
+    tell(ref, _Committed(turn_id, result))
 
 
 class SessionActor(LoopActor):
@@ -159,27 +153,21 @@ class SessionActor(LoopActor):
         at its accept so that the read and the accept's commit overlap (the read leaves out
         turns still running, so it cannot see the turn it is for)."""
         self.last_active = time.monotonic()
-        self._handed_over: Future[None] | None = None
+        self._handed_over: asyncio.Future[None] | None = None
         self._used = False
         """A turn was accepted or resumed here since activation: the session has a history of
         its own, whether or not its first turn.start has reached the read models yet (the
         engine checks those before a fork; this closes the window between)."""
 
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Ask):
-            answer(message, self._handle)
-            return None
-        return self._handle(message)
-
     def on_stop(self) -> None:
         # Passivated (or the node drains, or the partition moved): askers that raced the stop
-        # activate a new actor. A turn still running here is cancelled without a stop request:
-        # it stays unfinished in the log and its session's next owner resumes it.
-        refuse_pending(self)
+        # are refused (actors/actor.py) and activate a new actor. A turn still running here is
+        # cancelled without a stop request: it stays unfinished in the log and its session's
+        # next owner resumes it.
         if self._turn is not None:
             self._turn.ref.stop(block=False)
 
-    def _handle(self, message: Any) -> Any:
+    def on_receive(self, message: Any) -> Any:
         if isinstance(message, _Committed):
             self._commits.pop(message.turn_id, None)
             if message.result is not None and message.turn_id in self._state.queue:
@@ -254,7 +242,7 @@ class SessionActor(LoopActor):
             case StartTurn(turn_id=turn_id, stop_by=stop_by):
                 self._start(turn_id, stop_by)
             case After(seconds=seconds, command=command):
-                self._loop.call_later(seconds, _tell, self.actor_ref, command)
+                self._loop.call_later(seconds, tell, self.actor_ref, command)
             case Release(keep_history=keep):
                 ran = self._turn.runner if self._turn is not None else None
                 self._history = ran.history_after if ran is not None and keep else None
@@ -312,9 +300,9 @@ class SessionActor(LoopActor):
             if task is not None:
                 task.cancel()
 
-    def _hand_over_future(self) -> Future[None]:
+    def _hand_over_future(self) -> asyncio.Future[None]:
         if self._handed_over is None:
-            self._handed_over = Future()
+            self._handed_over = self._loop.create_future()
         return self._handed_over
 
     def _start(self, turn_id: str, stop_by: str | None) -> None:
@@ -329,7 +317,7 @@ class SessionActor(LoopActor):
         self._drop_prefetch()  # any other (none is expected): it was for a turn that did not start
         if stop_by is not None:
             runner.request_stop(stop_by)
-        ref = engine.host.start(TurnActor, engine.portal, runner, self.actor_ref.tell,
+        ref = engine.host.start(TurnActor, engine.portal.loop, runner, self.actor_ref.tell,
                                 engine.running)  # fmt: skip
         self._turn = _Turn(turn_id, ref, runner)
 

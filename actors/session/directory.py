@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections import defaultdict
 from typing import Any
 
@@ -15,8 +14,8 @@ import pykka
 import structlog
 
 from actors import idempotency, ids
+from actors.actor import MailboxFull, ask
 from actors.agent import Agent
-from actors.bridge import Portal, settled
 from actors.cluster.partitions import partition_of
 from actors.context import fork as forks
 from actors.context.history import History
@@ -44,6 +43,7 @@ from actors.messages import (
 from actors.session.actor import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
 from actors.session.core import Fork
 from eventstore import EventStore, StoreError, WrongExpectedVersion
+from eventstore.bridge import Lock, Portal, blocking, settled
 from eventstore.catalogue import Deliver
 
 log = structlog.get_logger("dispach.engine")
@@ -83,7 +83,7 @@ class SessionDirectory:
         self.running: set[asyncio.Task[Any]] = set()
         """Tasks of the turns running on this node (touched on the event loop only)."""
         self._sessions: dict[tuple[str, str], pykka.ActorRef[Any]] = {}
-        self._lock = threading.Lock()
+        self._lock = Lock()
 
     def live_sessions(self) -> set[tuple[str, str]]:
         """``(agent, session)`` of the session actors alive now (thread-safe)."""
@@ -121,9 +121,8 @@ class SessionDirectory:
             submit = keyed
         for _ in range(2):  # once more if the session was passivated under our feet
             ref = self.session(submit.agent_id, submit.session_key)
-            try:
-                result: Accepting | Refused = await Portal.ask(ref, submit, _ASK_TIMEOUT)
-            except pykka.ActorDeadError:
+            result = await _offer(ref, submit)
+            if result is None:
                 continue
             if isinstance(result, Refused):
                 return result
@@ -224,7 +223,7 @@ class SessionDirectory:
         if status != "running":
             return StopResult(stopping=False, state="ended")
         ref = self.session(agent_id, session_key)
-        result: StopResult | Pending = await Portal.ask(ref, stop, _ASK_TIMEOUT)
+        result: StopResult | Pending = await ask(ref, stop, _ASK_TIMEOUT)
         if isinstance(result, Pending):
             try:
                 await settled(result.committed)
@@ -273,7 +272,7 @@ class SessionDirectory:
             ref = self._sessions.get((agent_id, session_key))
         if ref is not None:
             try:
-                held: History | None = await Portal.ask(ref, HISTORY, _PEEK_TIMEOUT)
+                held: History | None = await ask(ref, HISTORY, _PEEK_TIMEOUT)
             except (pykka.ActorDeadError, TimeoutError):
                 held = None
             if held is not None:
@@ -298,7 +297,7 @@ class SessionDirectory:
     async def drain(self, timeout: float) -> None:
         """Stop every actor (running turns are cancelled without a stop request, so they stay
         unfinished and resume at the next start) and wait for the turns' tasks to unwind."""
-        await asyncio.to_thread(self.host.stop, timeout)
+        await blocking(self.host.stop, timeout)
         if self.running:
             await asyncio.wait(set(self.running), timeout=timeout)
 
@@ -342,8 +341,8 @@ class SessionDirectory:
         waits = []
         for _, ref in sessions:
             with contextlib.suppress(pykka.ActorDeadError, TimeoutError):
-                idle = await Portal.ask(ref, HAND_OVER, _PEEK_TIMEOUT)
-                waits.append(settled(idle))
+                idle = await ask(ref, HAND_OVER, _PEEK_TIMEOUT)
+                waits.append(idle)
         if waits:
             _, late = await asyncio.wait(waits, timeout=max(timeout, 0.001))
             if late:
@@ -372,7 +371,7 @@ class SessionDirectory:
             threshold = 0.5 if crowded else self.idle_seconds
             for key, ref in candidates:
                 try:
-                    idle_for = await Portal.ask(ref, IDLE_FOR, _ASK_TIMEOUT)
+                    idle_for = await ask(ref, IDLE_FOR, _ASK_TIMEOUT)
                 except pykka.ActorDeadError:
                     idle_for = float("inf")
                 if idle_for > threshold:
@@ -404,11 +403,24 @@ def _deliver_problem(agent: Agent, deliver: Deliver) -> Refused | None:
     return None
 
 
+async def _offer(ref: pykka.ActorRef[Any], submit: Submit) -> Accepting | Refused | None:
+    """Ask a session actor to accept a message; None if it stopped meanwhile (passivated)."""
+    try:
+        result: Accepting | Refused = await ask(ref, submit, _ASK_TIMEOUT)
+    except pykka.ActorDeadError:
+        return None
+    except MailboxFull as e:
+        return Refused(code="session_unavailable", message=f"session {submit.session_key!r} "
+                       f"cannot take more messages now: {e}",
+                       hint="retry shortly; nothing was accepted")  # fmt: skip
+    return result
+
+
 async def _once_stored(ref: pykka.ActorRef[Any], command: object) -> Any:
     """Ask a session actor, and answer once the append it made for the command is stored (its
     ``Pending``); a refusal, or the store's error, is the answer otherwise."""
     try:
-        result: Pending | Refused = await Portal.ask(ref, command, _ASK_TIMEOUT)
+        result: Pending | Refused = await ask(ref, command, _ASK_TIMEOUT)
         if isinstance(result, Refused):
             return result
         await settled(result.committed)

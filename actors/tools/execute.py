@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,6 +13,7 @@ import msgspec
 from actors import tracing
 from actors.tools.errors import ToolCallFailed
 from actors.tools.spec import ToolContext, ToolOutcome, ToolOutput, ToolSpec
+from eventstore.bridge import abandonable
 
 MAX_IMAGE_CHARS = 5_000_000
 """The base64 of one image a result may carry to the model (Anthropic takes 5 MB an image);
@@ -102,80 +100,10 @@ async def execute_calls(
 async def _run(spec: ToolSpec, args: dict[str, Any], ctx: ToolContext) -> object:
     if inspect.iscoroutinefunction(spec.run):
         return await spec.run(args, ctx)
-    result: object = await _in_daemon_thread(spec.run, args, ctx)
+    result: object = await abandonable(spec.run, args, ctx)  # a thread that may never end
     if inspect.isawaitable(result):  # a plain callable that returns a coroutine
         return await result
     return result
-
-
-class _DaemonWorkers:
-    """Daemon threads for plain tool functions, kept for reuse (a thread start per call was a
-    third of a tool step's runtime overhead in the turn bench).
-
-    Every job gets a worker at once: an idle one if there is one, else a new thread, so a call
-    never waits behind another and a stuck call only costs its own thread. At most ``keep`` idle
-    threads wait for work; the others end.
-    """
-
-    def __init__(self, keep: int = 8) -> None:
-        self._keep = keep
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._idle = 0
-        self._lock = threading.Lock()
-
-    def submit(self, job: Callable[[], None]) -> None:
-        with self._lock:
-            spawn = self._idle == 0
-            if not spawn:
-                self._idle -= 1  # that worker is now promised to this job
-        self._jobs.put(job)
-        if spawn:
-            threading.Thread(target=self._work, name="dispach-tool", daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            self._jobs.get()()
-            with self._lock:
-                if self._idle >= self._keep:
-                    return
-                self._idle += 1
-
-
-_WORKERS = _DaemonWorkers()
-
-
-async def _in_daemon_thread(fn: Callable[..., object], *args: object) -> object:
-    """Run a plain function on a daemon thread (see _DaemonWorkers) that cannot hold the process
-    up.
-
-    A thread cannot be cancelled: a stopped or timed-out call is abandoned, and its thread runs
-    on. The default executor's threads would then be joined at shutdown, so one stuck tool could
-    keep a draining node from ever exiting; a daemon thread does not.
-    """
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[object] = loop.create_future()
-
-    def settle(value: object, error: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(value)
-
-    def work() -> None:
-        value: object = None
-        error: BaseException | None = None
-        try:
-            value = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
-            error = e
-        # The node may have stopped while an abandoned call ran on: nobody is waiting then.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(settle, value, error)
-
-    _WORKERS.submit(work)
-    return await done
 
 
 def _outcome(

@@ -17,9 +17,9 @@ from typing import Any
 
 import msgspec
 
-from actors.bridge import settled
 from actors.turn.core import TurnState, apply, fold
 from eventstore import AppendResult, EventStore, Metadata, NewEvent, RecordedEvent, StoreError
+from eventstore.bridge import settled
 from eventstore.event import Event
 from eventstore.projections import history_row
 

@@ -15,7 +15,7 @@ import asyncio
 
 from starlette.responses import Response
 
-from actors import idempotency
+from actors.idempotency import look_up
 from actors.messages import Accepted, Refused
 from eventstore import EventStore, StoreError
 from gateways.http.errors import error_response
@@ -39,7 +39,7 @@ async def after_timeout(
     if store is not None and store.health.up:
         try:
             async with asyncio.timeout(LOOKUP_TIMEOUT_S):
-                found = await idempotency.look_up(store, agent_id, key, message.session_key,
+                found = await look_up(store, agent_id, key, message.session_key,
                                                   message.text, message.deliver)  # fmt: skip
         except (StoreError, TimeoutError):
             found = None

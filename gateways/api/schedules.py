@@ -16,7 +16,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.bridge import Portal, settled
+from actors.actor import ask
 from actors.messages import Accepted, DefineSchedule, RemoveSchedule, RunSchedule
 from actors.schedule.plan import ScheduleSpec, next_due, problems
 from eventstore import NO_STREAM, StoreError, WrongExpectedVersion
@@ -112,8 +112,8 @@ async def run_schedule(request: Request) -> Response:
     sid = request.path_params["schedule"]
     await _one(request, target.id, sid)
     run = RunSchedule(agent_id=target.id, schedule_id=sid)
-    running = await Portal.ask(_scheduler(request), run, _ASK_TIMEOUT)
-    result = await asyncio.wait_for(settled(running), _ASK_TIMEOUT)
+    running = await ask(_scheduler(request), run, _ASK_TIMEOUT)  # the run's task
+    result = await asyncio.wait_for(running, _ASK_TIMEOUT)
     if not isinstance(result, Accepted):
         raise refused(result)
     return json_response(AcceptedBody(turn_id=result.turn_id, session_key=result.session_key),
@@ -170,9 +170,9 @@ async def _writable(request: Request, agent_id: str, sid: str) -> _Row:
 
 
 async def _change(request: Request, change: DefineSchedule | RemoveSchedule) -> None:
-    committed = await Portal.ask(_scheduler(request), change, _ASK_TIMEOUT)
+    committed = await ask(_scheduler(request), change, _ASK_TIMEOUT)  # the change's task
     try:
-        await asyncio.wait_for(settled(committed), _ASK_TIMEOUT)
+        await asyncio.wait_for(committed, _ASK_TIMEOUT)
     except WrongExpectedVersion as e:
         raise ApiError(409, "schedule_conflict", "the schedule changed while this request ran",
                        "read it again and retry") from e  # fmt: skip

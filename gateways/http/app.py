@@ -3,7 +3,6 @@ metrics, behind the :class:`gateways.http.auth.Guard` (DESIGN.md 6)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
@@ -17,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from eventstore.bridge import blocking
 from gateways import console
 from gateways.api import approvals, context, deliveries, fork, hooks, schedules, sessions
 from gateways.api import v1 as api
@@ -238,6 +238,6 @@ class _McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
-            module = await asyncio.to_thread(importlib.import_module, "gateways.mcp.server")
+            module = await blocking(importlib.import_module, "gateways.mcp.server")
             self._app = module.HttpEndpoint(self.version, self.max_body)
         await self._app(scope, receive, send)

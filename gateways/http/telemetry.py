@@ -27,7 +27,8 @@ from prometheus_client import Counter, Histogram
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from actors import tracing
+from actors.tracing import enabled
+from actors.tracing import request as request_span
 from gateways.http.metrics import HTTP_REQUEST_SECONDS, HTTP_REQUESTS
 
 access = structlog.get_logger("dispach.access")
@@ -75,7 +76,7 @@ class Telemetry:
         for name, value in scope["headers"]:
             if name == b"x-request-id":
                 sent_id = value
-            elif tracing.ENABLED and name in (b"traceparent", b"tracestate"):
+            elif enabled() and name in (b"traceparent", b"tracestate"):
                 carrier[name.decode()] = value.decode("latin-1")
         rid = request_id(sent_id)
         answer = _Answer(rid.encode())
@@ -86,8 +87,8 @@ class Telemetry:
         method = scope.get("method", "GET") if kind == "http" else "GET"
         method = method if method in _METHODS else "OTHER"
         try:
-            if tracing.ENABLED and kind == "http":
-                with tracing.request(method, scope["path"], carrier) as span:
+            if enabled() and kind == "http":
+                with request_span(method, scope["path"], carrier) as span:
                     try:
                         await self.app(scope, receive, send_noting)
                     finally:

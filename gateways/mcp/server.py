@@ -28,14 +28,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar
 
 import anyio
-import anyio.from_thread
-import anyio.to_thread
 import mcp_types as types
 import msgspec
 from mcp.server import Server, ServerRequestContext
@@ -44,6 +41,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.datastructures import Headers
 from starlette.types import Message, Receive, Scope, Send
 
+from eventstore.bridge import Event, anyio_blocking, anyio_from_thread
 from gateways.client import Client, ClientError
 from gateways.http.errors import deny, error_response
 
@@ -233,7 +231,7 @@ class _Progress:
         if self.report is None or not delta:
             return
         self.written += len(delta)
-        anyio.from_thread.run(self.report, float(self.written), None, delta)
+        anyio_from_thread(self.report, float(self.written), None, delta)
 
 
 @dataclass
@@ -243,7 +241,7 @@ class _Waiting:
     ``stop`` and the loop sets ``stop`` before it looks at the turn, so one of them at least
     sees the other's write and stops the turn (twice is harmless)."""
 
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Event = field(default_factory=Event)
     turn: tuple[str, str] | None = None
 
 
@@ -273,7 +271,7 @@ async def call(
             return refusal(e.code, e.message, e.hint, e.field, e.status)
 
     try:
-        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True, limiter=limiter)
+        return await anyio_blocking(run, abandon_on_cancel=True, limiter=limiter)
     except anyio.get_cancelled_exc_class():
         # The host gave up: the abandoned thread ends once the stopped turn's end reaches it.
         waiting.stop.set()
@@ -284,7 +282,7 @@ async def call(
                     _stop_turn(client, *turn)
 
             with anyio.CancelScope(shield=True, deadline=anyio.current_time() + STOP_WAIT_S):
-                await anyio.to_thread.run_sync(stop_it, abandon_on_cancel=True)
+                await anyio_blocking(stop_it, abandon_on_cancel=True)
         raise
 
 

@@ -28,6 +28,7 @@ from anyio.streams.text import TextReceiveStream
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
+from eventstore.bridge import anyio_blocking
 from gateways.mcp.spec import Stdio
 
 log = structlog.get_logger("dispach.mcp")
@@ -66,7 +67,7 @@ async def stdio_transport(
                     if len(line) <= INLINE_PARSE:
                         await incoming.send(_message(line))
                     else:
-                        await incoming.send(await anyio.to_thread.run_sync(_message, line))
+                        await incoming.send(await anyio_blocking(_message, line))
             except MessageTooLarge as e:
                 with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                     await incoming.send(e)
