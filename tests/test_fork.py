@@ -25,10 +25,12 @@ from actors.session.core import (
     Decision,
     Fork,
     OnceStored,
-    Queued,
     ReloadHistory,
-    SessionState,
     decide,
+)
+from actors.session.state import (
+    Queued,
+    SessionState,
     evolve,
 )
 from eventstore import (

@@ -41,7 +41,9 @@ from actors.messages import (
     TurnContext,
 )
 from actors.session.actor import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
-from actors.session.core import Fork
+from actors.session.core import (
+    Fork,
+)
 from eventstore import EventStore, StoreError, WrongExpectedVersion
 from eventstore.bridge import Lock, Portal, blocking, settled
 from eventstore.catalogue import Deliver
