@@ -13,7 +13,7 @@ from eventstore.envelope import Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import EventIdReused, Fenced, StoreError, WrongExpectedVersion
 from eventstore.event import type_name
 from eventstore.fencing import Fence
-from eventstore.versions import ANY
+from eventstore.versions import ANY, NO_STREAM
 
 
 class AppendResult(msgspec.Struct, frozen=True):
@@ -80,3 +80,59 @@ def decide(
     if command.expected not in (ANY, head):
         return WrongExpectedVersion(command.stream, command.expected, head)
     return head
+
+
+# --- batching: which commands a batch may carry together -----------------------------------
+
+
+def carry_of(carry: list[Command], stream: str) -> bool:
+    """Whether a command of ``stream`` already waits: later ones must not overtake it."""
+    return any(c.stream == stream for c in carry)
+
+
+def continues(first: Command, then: Command) -> bool:
+    """``then`` expects exactly the version ``first`` leaves (both explicit, not ANY), under the
+    same fence: a chain is decided as one command, so it has one fence to be checked against."""
+    return (
+        first.expected >= NO_STREAM
+        and then.expected == first.expected + len(first.events)
+        and first.fence == then.fence
+    )
+
+
+def fenced_partitions(commands: Sequence[Command]) -> list[int]:
+    """The partitions the fenced commands append to, whose fence rows the append statement
+    locks (sql/append.sql) and the explanation reads."""
+    return sorted({c.fence.partition for c in commands if c.fence is not None})
+
+
+def chain(first: Command, then: Command) -> Command:
+    """One command carrying both: all or nothing, like either alone (``then`` could not commit
+    without ``first``: it expects the version ``first`` leaves). Each caller gets its own part
+    of the result, or the same error. Only commands under equal fences chain (see continues)."""
+    if first.fence != then.fence:
+        raise ValueError(
+            f"cannot chain appends under different fences: {first.fence}, {then.fence}"
+        )
+    links = [*(first.links or [first]), then]
+    merged = Command(
+        first.stream, [*first.events, *then.events], first.expected, links=links,
+        fence=first.fence, on_loop=all(link.on_loop for link in links),
+    )  # fmt: skip
+
+    def settle(done: Future[AppendResult]) -> None:
+        error = done.exception()
+        start = 0
+        for link in links:
+            end = start + len(link.events)
+            if not link.future.done():  # done: the caller gave up waiting (cancelled)
+                if error is not None:
+                    link.future.set_exception(error)
+                else:
+                    result = done.result()
+                    part = result.events[start:end]
+                    link.future.set_result(AppendResult(result.stream, part, result.duplicate))
+            start = end
+
+    merged.future.add_done_callback(settle)
+    return merged

@@ -146,10 +146,6 @@ class MigrationError(StoreError):
     code = "migration_failed"
 
 
-class ProjectionError(StoreError):
-    code = "projection_failed"
-
-
 def describe_version(expected: int) -> str:
     if expected == NO_STREAM:
         return "no stream"

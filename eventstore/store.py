@@ -19,7 +19,7 @@ import psycopg_pool
 
 from eventstore._sql import connect_kwargs, decode_row, load
 from eventstore.archive_ranges import Archived
-from eventstore.bridge import blocking
+from eventstore.bridge import blocking, settled
 from eventstore.decision import AppendResult
 from eventstore.envelope import START, Checkpoint, NewEvent, RecordedEvent
 from eventstore.errors import InvalidAppend, InvalidValue, StoreError, StoreUnavailable
@@ -189,7 +189,7 @@ class EventStore:
         expected_version: int = ANY,
         fence: Fence | None = None,
     ) -> AppendResult:
-        return await asyncio.wrap_future(self.submit(stream, events, expected_version, fence))
+        return await settled(self.submit(stream, events, expected_version, fence))
 
     # --- fences (eventstore/fencing.py) --------------------------------------------------------
 

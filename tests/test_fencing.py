@@ -24,9 +24,8 @@ from eventstore import (
     RecordedEvent,
 )
 from eventstore.catalogue import ModelChunk
-from eventstore.decision import Command
+from eventstore.decision import Command, chain, continues
 from eventstore.projector import Statement
-from eventstore.writer import chain, continues
 from tests.conftest import LiveStore, Servers
 
 
