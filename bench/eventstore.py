@@ -176,7 +176,9 @@ def append_latency(store: EventStore, n: int, *, one_stream: bool) -> list[float
             stream, turn = fresh_stream()
         events = [new_event(turn)]
         t0 = perf()
-        result = store.append(stream, events, expected if one_stream else NO_STREAM)
+        result = store.submit(
+            stream, events, expected if one_stream else NO_STREAM, blocking=True
+        ).result()
         latencies.append(perf() - t0)
         expected = result.version
     return latencies
@@ -213,7 +215,7 @@ def throughput(store: EventStore, writers: int, seconds: float, warmup: float) -
             while not stop.is_set():
                 events = [new_event(turn)]
                 t0 = perf()
-                expected = store.append(stream, events, expected).version
+                expected = store.submit(stream, events, expected, blocking=True).result().version
                 t1 = perf()
                 mine.append((t1, t1 - t0))
         except BaseException as e:
@@ -254,7 +256,7 @@ def seed(store: EventStore, total: int) -> tuple[int, float]:
         appends.append((stream, [new_event(turn) for _ in range(SEED_BATCH)]))
     start = perf()
     for stream, events in appends:
-        store.append(stream, events, NO_STREAM)
+        store.submit(stream, events, NO_STREAM, blocking=True).result()
     return len(appends) * SEED_BATCH, perf() - start
 
 
@@ -326,7 +328,7 @@ async def subscriber_latency(store: EventStore, samples: int, poll: float) -> De
         for _ in range(samples):
             events = [new_event(turn)]
             t0 = perf()
-            result: AppendResult = store.append(stream, events, expected)
+            result: AppendResult = store.submit(stream, events, expected, blocking=True).result()
             t1 = perf()
             expected = result.version
             while True:

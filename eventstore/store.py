@@ -1,7 +1,9 @@
 """The event store: the one door to the log.
 
-Thread callers (actors, the CLI) use the blocking methods; event-loop callers (gateways,
-subscriptions, projection runners) use the ``a``-prefixed coroutines. Appends from both go through
+Callers on the event loop (actors, gateways, subscriptions, projection runners) use the
+``a``-prefixed coroutines and :meth:`EventStore.submit` (awaited with
+``eventstore.bridge.settled``); the CLI's commands, which run without a loop, use the blocking
+reads. Every append goes through
 one :class:`GroupCommitWriter`.
 """
 
@@ -11,7 +13,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import psycopg
@@ -161,26 +162,6 @@ class EventStore:
         if fence is None and self.fencing is not None:
             fence = self.fencing(stream, events[0].metadata)
         return self._writer.submit(stream, events, expected_version, fence, blocking=blocking)
-
-    def append(
-        self,
-        stream: str,
-        events: Sequence[NewEvent],
-        expected_version: int = ANY,
-        *,
-        timeout: float = 30.0,
-        fence: Fence | None = None,
-    ) -> AppendResult:
-        """Append atomically; raises WrongExpectedVersion, EventIdReused, Fenced or
-        StoreUnavailable."""
-        try:
-            future = self.submit(stream, events, expected_version, fence, blocking=True)
-            return future.result(timeout)
-        except FutureTimeout as e:
-            raise StoreUnavailable(
-                f"the append to {stream} was not acknowledged within {timeout:g} s",
-                "the database is slow or down; retry with the same event ids",
-            ) from e
 
     async def aappend(
         self,

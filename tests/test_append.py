@@ -24,6 +24,7 @@ from eventstore import (
 )
 from eventstore.catalogue import ModelChunk, TurnStart
 from tests.conftest import ConnectFactory, Servers
+from tests.storeops import append
 
 
 def chunk(text: str, **ids: str) -> NewEvent:
@@ -43,9 +44,9 @@ def count(connect: ConnectFactory, stream: str | None = None) -> int:
 
 
 def test_versions_start_at_zero_and_follow_the_expected_version(store: EventStore) -> None:
-    first = store.append("turn-a", [chunk("a"), chunk("b")], NO_STREAM)
+    first = append(store, "turn-a", [chunk("a"), chunk("b")], NO_STREAM)
     assert [e.version for e in first.events] == [0, 1]
-    second = store.append("turn-a", [chunk("c")], 1)
+    second = append(store, "turn-a", [chunk("c")], 1)
     assert second.version == 2
     assert store.stream_version("turn-a") == 2
     assert store.stream_version("turn-none") == NO_STREAM
@@ -55,16 +56,16 @@ def test_versions_start_at_zero_and_follow_the_expected_version(store: EventStor
 
 
 def test_a_stale_expected_version_is_refused_with_code_and_hint(store: EventStore) -> None:
-    store.append("turn-b", [chunk("a")], NO_STREAM)
+    append(store, "turn-b", [chunk("a")], NO_STREAM)
     with pytest.raises(WrongExpectedVersion) as caught:
-        store.append("turn-b", [chunk("b")], NO_STREAM)
+        append(store, "turn-b", [chunk("b")], NO_STREAM)
     error = caught.value
     assert (error.code, error.stream, error.expected, error.actual) == (
         "wrong_expected_version", "turn-b", -1, 0
     )  # fmt: skip
     assert "reload" in error.hint
     with pytest.raises(WrongExpectedVersion):
-        store.append("turn-b", [chunk("b")], 5)  # ahead of the stream: would leave a gap
+        append(store, "turn-b", [chunk("b")], 5)  # ahead of the stream: would leave a gap
 
 
 @pytest.mark.parametrize("projected", [False, True], ids=["plain", "with-inline-projection"])
@@ -76,7 +77,7 @@ def test_two_stores_racing_on_one_stream_one_wins_and_nothing_is_half_written(
     try:
         for round_ in range(30):
             stream = f"session-race-{round_}"
-            store.append(stream, [chunk("seed")], NO_STREAM)
+            append(store, stream, [chunk("seed")], NO_STREAM)
             barrier = threading.Barrier(2)
 
             def attempt(
@@ -88,7 +89,7 @@ def test_two_stores_racing_on_one_stream_one_wins_and_nothing_is_half_written(
                     meta = Metadata(agent_id="a", session_key="k", turn_id=stream)
                     events[0] = NewEvent(event=TurnStart(source=who), metadata=meta)
                 try:
-                    s.append(stream, events, 0)
+                    append(s, stream, events, 0)
                 except WrongExpectedVersion:
                     return "lost"
                 return "won"
@@ -136,7 +137,7 @@ def test_a_streams_queued_appends_that_continue_each_other_commit_together(
 
 
 def test_a_chain_fails_as_a_whole_and_an_unchained_append_alone(store: EventStore) -> None:
-    store.append("turn-chain2", [chunk("seed")], NO_STREAM)
+    append(store, "turn-chain2", [chunk("seed")], NO_STREAM)
     # The first expects a stale version: the one chained on it cannot commit either.
     stale = store.submit("turn-chain2", [chunk("x")], 5)
     after_stale = store.submit("turn-chain2", [chunk("y")], 6)
@@ -154,10 +155,10 @@ def test_reappending_the_same_ids_returns_the_original_positions_and_writes_noth
     store: EventStore, connect: ConnectFactory
 ) -> None:
     events = [chunk("a"), chunk("b")]
-    original = store.append("turn-d", events, NO_STREAM)
-    store.append("turn-d", [chunk("c")], ANY)
+    original = append(store, "turn-d", events, NO_STREAM)
+    append(store, "turn-d", [chunk("c")], ANY)
     before = count(connect)
-    again = store.append("turn-d", events, NO_STREAM)  # the stale version does not matter
+    again = append(store, "turn-d", events, NO_STREAM)  # the stale version does not matter
     assert again.duplicate
     assert [(e.position, e.version, e.event_id) for e in again.events] == [
         (e.position, e.version, e.event_id) for e in original.events
@@ -167,17 +168,17 @@ def test_reappending_the_same_ids_returns_the_original_positions_and_writes_noth
 
 def test_an_event_id_reused_for_another_event_is_refused(store: EventStore) -> None:
     event = chunk("a")
-    store.append("turn-e", [event], NO_STREAM)
+    append(store, "turn-e", [event], NO_STREAM)
     with pytest.raises(EventIdReused):
-        store.append("turn-f", [event], NO_STREAM)  # same id, another stream
+        append(store, "turn-f", [event], NO_STREAM)  # same id, another stream
     with pytest.raises(EventIdReused):
-        store.append("turn-e", [event, chunk("b")], ANY)  # a retry with extra events
+        append(store, "turn-e", [event, chunk("b")], ANY)  # a retry with extra events
 
 
 def test_events_can_be_neither_updated_nor_deleted_nor_truncated(
     store: EventStore, connect: ConnectFactory
 ) -> None:
-    store.append("turn-g", [chunk("a")], NO_STREAM)
+    append(store, "turn-g", [chunk("a")], NO_STREAM)
     for statement in (
         "UPDATE events SET type = 'x'",
         "DELETE FROM events",
@@ -192,13 +193,13 @@ def test_events_can_be_neither_updated_nor_deleted_nor_truncated(
 
 def test_invalid_appends_are_refused_before_reaching_the_writer(store: EventStore) -> None:
     with pytest.raises(InvalidAppend):
-        store.append("turn-h", [])
+        append(store, "turn-h", [])
     with pytest.raises(InvalidAppend):
-        store.append("turn-h", [chunk("a")], -7)
+        append(store, "turn-h", [chunk("a")], -7)
 
 
 def test_one_conflicting_command_fails_alone_in_its_batch(store: EventStore) -> None:
-    store.append("turn-i", [chunk("seed")], NO_STREAM)
+    append(store, "turn-i", [chunk("seed")], NO_STREAM)
     good = [store.submit(f"turn-ok-{i}", [chunk("a")], NO_STREAM) for i in range(50)]
     bad = store.submit("turn-i", [chunk("b")], NO_STREAM)
     assert all(f.result(10).version == 0 for f in good)
@@ -212,13 +213,13 @@ def test_a_command_postgres_refuses_fails_alone(store: EventStore) -> None:
     error = bad.exception(10)
     assert error is not None and getattr(error, "code", None) == "invalid_value"
     assert all(f.result(10).version == 0 for f in good)
-    assert store.append("turn-after", [chunk("still writing")]).version == 0
+    assert append(store, "turn-after", [chunk("still writing")]).version == 0
 
 
 def test_concurrent_appends_share_transactions(store: EventStore) -> None:
     with ThreadPoolExecutor(32) as pool:
         results = list(
-            pool.map(lambda i: store.append(f"turn-gc-{i}", [chunk("x")], NO_STREAM), range(2000))
+            pool.map(lambda i: append(store, f"turn-gc-{i}", [chunk("x")], NO_STREAM), range(2000))
         )
     assert len({r.events[0].position for r in results}) == 2000
     txids = {r.events[0].txid for r in results}
@@ -228,7 +229,8 @@ def test_concurrent_appends_share_transactions(store: EventStore) -> None:
 def test_metadata_and_ids_round_trip(store: EventStore) -> None:
     event_id = uuid.uuid4()
     meta = Metadata(agent_id="ag", session_key="api:default", turn_id="t1", step_id="s1")
-    store.append(
+    append(
+        store,
         "turn-t1",
         [NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta, event_id=event_id)],
     )
@@ -263,6 +265,6 @@ def test_a_bug_in_a_projection_fails_its_command_and_the_writer_lives_on(
         assert "KeyError" in error.message
         assert all(f.result(10).version == 0 for f in good)
         assert buggy.stream_version("turn-boom") == NO_STREAM  # nothing half-written
-        assert buggy.append("turn-later", [chunk("ok")]).version == 0
+        assert append(buggy, "turn-later", [chunk("ok")]).version == 0
     finally:
         buggy.close()

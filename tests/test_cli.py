@@ -16,6 +16,7 @@ import pytest
 from eventstore import EventStore, Metadata, NewEvent
 from eventstore.catalogue import ModelChunk, Tokens, ToolCall, TurnEnd, TurnStart
 from tests.conftest import ConnectFactory, Servers
+from tests.storeops import append
 
 DISPACH = str(Path(sys.executable).parent / "dispach")
 
@@ -46,7 +47,7 @@ def a_turn(store: EventStore, turn_id: str) -> None:
             reason="final", steps=2, tokens=Tokens(prompt=9, output=3), duration_ms=4, text="42"
         ),
     ]
-    store.append(f"turn-{turn_id}", [NewEvent(event=e, metadata=meta) for e in events])
+    append(store, f"turn-{turn_id}", [NewEvent(event=e, metadata=meta) for e in events])
 
 
 def test_events_show_prints_a_stream_readably_and_as_public_json(
@@ -90,7 +91,7 @@ def test_a_tail_killed_and_resumed_after_its_last_cursor_misses_and_repeats_noth
     def writer() -> None:
         i = 0
         while not stop.is_set() and i < 400:
-            result = store.append(f"turn-w{i % 5}", [NewEvent(event=ModelChunk(delta=str(i)))])
+            result = append(store, f"turn-w{i % 5}", [NewEvent(event=ModelChunk(delta=str(i)))])
             written.append(str(result.events[0].event_id))
             i += 1
             time.sleep(0.002)

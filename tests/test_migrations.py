@@ -19,6 +19,7 @@ from eventstore.catalogue import ModelChunk
 from eventstore.errors import MigrationError
 from eventstore.migrations import Migration, available, outside_transaction, statements
 from tests.conftest import ConnectFactory, Servers
+from tests.storeops import append
 
 SCOPED = "0013_scoped_reads"
 AGENT_INDEX = "events_agent_checkpoint_idx"
@@ -184,7 +185,8 @@ def test_a_failing_migration_in_a_transaction_applies_nothing(
 def test_scoped_reads_use_their_indexes(store: EventStore, connect: ConnectFactory) -> None:
     # 20,000 events of 200 agents (100 each), 10 sessions per agent, 1,000 per append.
     for batch in range(20):
-        store.append(
+        append(
+            store,
             f"seed-{batch}",
             [
                 NewEvent(

@@ -17,6 +17,7 @@ import pytest
 
 from eventstore import NO_STREAM, EventStore, Metadata, NewEvent
 from eventstore.catalogue import TurnStart
+from tests.storeops import append
 
 DISPACH = str(Path(sys.executable).parent / "dispach")
 pytestmark = pytest.mark.slow
@@ -140,7 +141,8 @@ def test_kill_9_then_restart_on_the_same_data_directory_keeps_every_event(
     store = EventStore(database_url)
     store.open()
     meta = Metadata(agent_id="a", session_key="api:default", turn_id="t_k")
-    written = store.append(
+    written = append(
+        store,
         "turn-t_k",
         [NewEvent(event=TurnStart(source="api", input="before the crash"), metadata=meta)],
     )
@@ -158,9 +160,9 @@ def test_kill_9_then_restart_on_the_same_data_directory_keeps_every_event(
     try:
         [event] = store.read_stream("turn-t_k")
         assert event.event_id == written.events[0].event_id
-        assert store.append("turn-t_k", [NewEvent(event=TurnStart(source="api"))], 0).version == 1
+        assert append(store, "turn-t_k", [NewEvent(event=TurnStart(source="api"))], 0).version == 1
         with pytest.raises(Exception, match="wrong_expected_version"):
-            store.append("turn-t_k", [NewEvent(event=TurnStart(source="api"))], NO_STREAM)
+            append(store, "turn-t_k", [NewEvent(event=TurnStart(source="api"))], NO_STREAM)
     finally:
         store.close()
     assert restarted.stop() == 0

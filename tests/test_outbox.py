@@ -14,6 +14,7 @@ import pytest
 from eventstore import streams, subjects
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes.webhook_receiver import WebhookReceiver
+from tests.storeops import append
 
 SECRET = "test-webhook-secret"
 
@@ -273,7 +274,7 @@ async def test_outboxes_on_other_nodes_are_woken_over_nats(
                                      key=item_key("hooked", "elsewhere", "t_elsewhere", target, 0),
                                      text="from another node")  # fmt: skip
             await asyncio.to_thread(
-                store.append, "turn-t_elsewhere", [NewEvent(event=event, metadata=meta)]
+                append, store, "turn-t_elsewhere", [NewEvent(event=event, metadata=meta)]
             )
         finally:
             await asyncio.to_thread(store.close)
@@ -316,7 +317,7 @@ channels:
                 event = DeliveryEnqueued(channel_id=channel, to="x", key=key, chunk_index=0,
                                          chunk_total=1, text=f"{channel} {n}")  # fmt: skip
                 await asyncio.to_thread(
-                    store.append, f"turn-{turn_id}", [NewEvent(event=event, metadata=meta)]
+                    append, store, f"turn-{turn_id}", [NewEvent(event=event, metadata=meta)]
                 )
         finally:
             await asyncio.to_thread(store.close)

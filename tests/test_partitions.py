@@ -26,6 +26,7 @@ from eventstore.envelope import Checkpoint, Metadata
 from eventstore.migrations import available, migrate
 from eventstore.partitions import Partitioning, Range, needs_more, plan, ranges
 from tests.conftest import ConnectFactory, Servers
+from tests.storeops import append
 
 
 @pytest.mark.parametrize(
@@ -160,17 +161,17 @@ def test_versions_and_ids_are_unique_across_partitions(
     store.open()
     try:
         first = NewEvent(event=SessionNote(action="append", text="one"))
-        original = store.append("session-a-k", [first], -1)
+        original = append(store, "session-a-k", [first], -1)
         _append_some(store, streams=3, each=4)  # the log moves on, into later partitions
         # A stale expected version is refused although the stream's head is in an older one.
         with pytest.raises(WrongExpectedVersion):
-            store.append("session-a-k", [NewEvent(event=SessionNote(action="append", text="x"))],
+            append(store, "session-a-k", [NewEvent(event=SessionNote(action="append", text="x"))],
                          -1)  # fmt: skip
         # A retry of the stored event (even with ANY) answers the original, not a copy.
-        again = store.append("session-a-k", [first], ANY)
+        again = append(store, "session-a-k", [first], ANY)
         assert again.duplicate
         assert again.events[0].position == original.events[0].position
-        nxt = store.append("session-a-k", [NewEvent(event=SessionNote(action="append", text="2"))],
+        nxt = append(store, "session-a-k", [NewEvent(event=SessionNote(action="append", text="2"))],
                            0)  # fmt: skip
         assert nxt.version == 1
         assert store.stream_version("session-a-k") == 1
@@ -255,7 +256,7 @@ def test_two_nodes_racing_on_one_stream_across_partitions_never_share_a_version(
                 head = store.stream_version("session-a-race")
                 note = NewEvent(event=SessionNote(action="append", text="x"))
                 try:
-                    store.append("session-a-race", [note], head)
+                    append(store, "session-a-race", [note], head)
                     won += 1
                 except WrongExpectedVersion:
                     pass

@@ -34,6 +34,7 @@ from eventstore.catalogue import (
 )
 from eventstore.event import Event
 from tests.conftest import ConnectFactory, Servers
+from tests.storeops import append
 
 
 @pytest.fixture
@@ -138,10 +139,10 @@ async def test_a_rebuilt_projection_equals_the_live_one(
 
 def test_the_turn_resource_follows_the_turn(store: EventStore, connect: ConnectFactory) -> None:
     meta = Metadata(agent_id="a", session_key="api:default", turn_id="t_9")
-    store.append("turn-t_9", [NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta)])
+    append(store, "turn-t_9", [NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta)])
     [row] = snapshot(connect, "turns", "turn_id")
     assert row[5:7] == ("running", "accepted")
-    store.append("turn-t_9", [
+    append(store, "turn-t_9", [
         NewEvent(event=ModelResult(output_tokens=7, prompt_tokens=70, finish_reason="end_turn",
                                    latency_ms=3), metadata=meta),
         NewEvent(event=TurnEnd(reason="max_steps", steps=1, tokens=Tokens(prompt=70, output=7),

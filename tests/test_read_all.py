@@ -15,6 +15,7 @@ import pytest
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, NewEvent
 from eventstore.catalogue import ModelChunk
 from tests.conftest import ConnectFactory
+from tests.storeops import append
 
 INSERT = """INSERT INTO events (stream_id, stream_version, event_id, type, data, metadata)
             VALUES (%s, %s, %s, 'model.chunk', %s, '{}')"""
@@ -58,7 +59,7 @@ def test_a_tailing_reader_sees_every_event_once_in_checkpoint_order(
     def store_writer(n: int, wrng: random.Random) -> None:
         for i in range(40):
             events = [NewEvent(event=ModelChunk(delta="s")) for _ in range(wrng.randint(1, 3))]
-            result = store.append(f"turn-s{n}-{i}", events)
+            result = append(store, f"turn-s{n}-{i}", events)
             with lock:
                 committed.update(e.event_id for e in result.events)
 
@@ -107,7 +108,7 @@ def test_a_long_append_holds_readers_back_instead_of_being_skipped(
     slow_id = uuid.uuid4()
     data = msgspec.json.encode(ModelChunk(delta="slow")).decode()
     slow.execute(INSERT, ["raw-slow", 0, slow_id, data])  # takes its position first
-    fast = store.append("turn-fast", [NewEvent(event=ModelChunk(delta="fast"))])
+    fast = append(store, "turn-fast", [NewEvent(event=ModelChunk(delta="fast"))])
     assert fast.events[0].position > 0  # appends do not wait for each other
     assert store.read_all() == []  # the fast event waits behind the open append
     slow.commit()
@@ -121,7 +122,7 @@ def test_a_foreign_transaction_holding_an_xid_holds_no_reader_back(
     # What froze every stream before migration 0012: an idle psql after a write.
     stray = connect()
     stray.execute("SELECT pg_current_xact_id()")
-    appended = store.append("turn-now", [NewEvent(event=ModelChunk(delta="now"))])
+    appended = append(store, "turn-now", [NewEvent(event=ModelChunk(delta="now"))])
     assert [e.event_id for e in store.read_all()] == [appended.events[0].event_id]
     stray.rollback()
 
@@ -149,6 +150,6 @@ def test_cursors_are_opaque_and_round_trip() -> None:
 
 def test_head_is_the_newest_visible_checkpoint(store: EventStore) -> None:
     assert store.head() == START
-    result = store.append("turn-h", [NewEvent(event=ModelChunk(delta="x"))])
+    result = append(store, "turn-h", [NewEvent(event=ModelChunk(delta="x"))])
     assert store.head() == result.checkpoint
     assert store.read_all(store.head()) == []

@@ -32,6 +32,7 @@ from eventstore import (
 from eventstore.errors import StoreError
 from eventstore.projector import Rebuilt, index_renames
 from tests.conftest import ConnectFactory, LiveStore, Servers
+from tests.storeops import append
 from tests.test_cli import DISPACH
 from tests.test_projections import a_turn, snapshot
 
@@ -251,7 +252,7 @@ def test_a_writer_that_waited_on_the_swap_writes_the_new_table(
     against the table moved in, not the one dropped."""
     rng = random.Random(9)
     for n in range(20):
-        store.append(*a_turn(rng, n))
+        append(store, *a_turn(rng, n))
     stream, events = a_turn(rng, 20)
     with connect() as reader, ThreadPoolExecutor(1) as pool:
         reader.execute("SELECT count(*) FROM turns")  # holds the table until it ends
@@ -279,14 +280,14 @@ def test_a_swap_that_cannot_lock_soon_lets_the_writers_go_and_tries_again(
     reader is gone. A second rebuild of the projection meanwhile is refused."""
     rng = random.Random(11)
     for n in range(20):
-        store.append(*a_turn(rng, n))
+        append(store, *a_turn(rng, n))
     stream, events = a_turn(rng, 20)
     with connect() as reader, ThreadPoolExecutor(1) as pool:
         reader.execute("SELECT count(*) FROM turns")
         rebuilding = pool.submit(rebuild, store, TurnsProjection(), inline=True)
         until(lambda: waiting(connect, "turns") == ["AccessExclusiveLock"], "the swap's lock")
         began = time.perf_counter()
-        store.append(stream, events[:1])
+        append(store, stream, events[:1])
         took = time.perf_counter() - began
         with pytest.raises(StoreError, match="another rebuild of turns is running"):
             rebuild(store, TurnsProjection(), inline=True)
@@ -337,7 +338,7 @@ def test_the_swapped_tables_have_the_live_shape_and_serve_prepared_readers(
     table."""
     rng = random.Random(3)
     for n in range(40):
-        store.append(*a_turn(rng, n))
+        append(store, *a_turn(rng, n))
     shape = catalogue(connect, schema)
     before = {t: rows(connect, t) for p in INLINE for t in p.tables}
     running = "SELECT count(*) FROM turns WHERE status = 'running'"
@@ -349,7 +350,7 @@ def test_the_swapped_tables_have_the_live_shape_and_serve_prepared_readers(
         assert catalogue(connect, schema) == shape
         assert {t: rows(connect, t) for t in before} == before
         stream, events = a_turn(rng, 40)
-        store.append(stream, events[:1])  # a turn.start: one more running turn
+        append(store, stream, events[:1])  # a turn.start: one more running turn
         [(now,)] = reader.execute(running).fetchall()
     assert now == was + 1
     with connect(autocommit=True) as conn:
@@ -401,7 +402,7 @@ def test_a_rebuild_killed_midway_leaves_the_live_tables_and_a_rerun_finishes(
     killed.communicate()
     assert 0 < copied_rows(connect, schema) < len(live)
     assert snapshot(connect, "turns", "turn_id") == live
-    store.append(*a_turn(rng, 1500))  # the writer goes on with the live tables
+    append(store, *a_turn(rng, 1500))  # the writer goes on with the live tables
     grown = snapshot(connect, "turns", "turn_id")
     assert len(grown) == len(live) + 1
 

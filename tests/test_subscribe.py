@@ -13,6 +13,7 @@ import pytest
 from eventstore import START, Checkpoint, EventStore, Metadata, NewEvent, RecordedEvent
 from eventstore.catalogue import ModelChunk
 from tests.conftest import LiveStore, Servers
+from tests.storeops import append
 
 
 def chunks(n: int) -> list[NewEvent]:
@@ -74,7 +75,7 @@ async def test_a_subscriber_killed_and_restarted_from_its_checkpoint_misses_and_
 
     def write(s: EventStore, prefix: str) -> None:
         for i in range(150):
-            result = s.append(f"turn-{prefix}{i % 7}", chunks(rng.randint(1, 3)))
+            result = append(s, f"turn-{prefix}{i % 7}", chunks(rng.randint(1, 3)))
             with lock:
                 written.extend(e.event_id for e in result.events)
 

@@ -15,6 +15,7 @@ import pytest
 from eventstore import EventStore, Metadata, NewEvent, subjects
 from eventstore.catalogue import ModelResult, TurnStart
 from tests.conftest import ApiFactory, ApiServer, ConnectFactory
+from tests.storeops import append
 from tests.test_api_http import all_turns, client_of, ended, error_of, post
 from tests.test_api_streams import kind, opened, read_sse, receive, receive_until, send
 
@@ -226,7 +227,7 @@ def test_a_turns_prompt_tokens_are_the_sum_of_its_calls(
 ) -> None:
     meta = Metadata(agent_id="a", session_key="api:default", turn_id="t_sum")
     calls = [(700, 30, 0), (900, 20, 650)]  # (prompt, output, cache read) of each model call
-    store.append("turn-t_sum", [
+    append(store, "turn-t_sum", [
         NewEvent(event=TurnStart(source="api", input="hi"), metadata=meta),
         *(NewEvent(event=ModelResult(prompt_tokens=prompt, output_tokens=output,
                                      cache_read_tokens=read, finish_reason="tool_use",
