@@ -33,7 +33,9 @@ from eventstore.event import REGISTRY, Event, UnknownEvent
 from eventstore.fencing import Fence, FencingHook
 from eventstore.hints import Hints, NatsHints
 from eventstore.migrations import migrate
-from eventstore.projections import ASYNC, INLINE, SessionsProjection, TurnsProjection
+from eventstore.projections import ASYNC, INLINE
+from eventstore.projections.sessions import SessionsProjection
+from eventstore.projections.turns import TurnsProjection
 from eventstore.projector import Projection, ProjectionRunner, rebuild
 from eventstore.store import EventStore
 from eventstore.versions import ANY, NO_STREAM

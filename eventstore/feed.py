@@ -51,7 +51,7 @@ from eventstore.catalogue import TurnEnd
 from eventstore.envelope import START, Checkpoint, Metadata, RecordedEvent
 from eventstore.errors import StoreUnavailable
 from eventstore.event import UnknownEvent, encode_data
-from eventstore.projections import TURN_COLUMNS, turn_row
+from eventstore.projections.turns import TURN_COLUMNS, turn_row
 from eventstore.store import EventStore
 
 log = structlog.get_logger("dispach.feed")

@@ -254,8 +254,8 @@ async def test_the_outbox_and_schedules_rebuilt_equal_the_live_ones(
     store: EventStore, connect: ConnectFactory
 ) -> None:
     from eventstore.catalogue import ScheduleDefined, ScheduleFired, ScheduleRemoved
-    from eventstore.outbox import OutboxProjection
-    from eventstore.schedules import SchedulesProjection
+    from eventstore.projections.outbox import OutboxProjection
+    from eventstore.projections.schedules import SchedulesProjection
 
     seed = int(os.environ.get("DISPACH_SEED") or random.randrange(2**32))
     print(f"DISPACH_SEED={seed}")

@@ -1,5 +1,5 @@
 """The turns projection says a commit's run of one turn's updates in one UPDATE
-(eventstore/projections.py ``TurnsProjection.statements_many``): on real Postgres, the rows it
+(eventstore/projections/turns.py ``TurnsProjection.statements_many``): on real Postgres, the rows it
 leaves equal those of one statement per event, however the turn's events are cut into
 commits and whatever other turns' events share them."""
 
@@ -26,7 +26,7 @@ from eventstore.catalogue import (
 )
 from eventstore.envelope import RecordedEvent
 from eventstore.event import Event, type_name
-from eventstore.projections import TurnsProjection
+from eventstore.projections.turns import TurnsProjection
 from eventstore.projector import run_statements, statements_for
 from tests.conftest import ConnectFactory
 from tests.test_stream_reasoning import call, thinking_turn

@@ -29,7 +29,7 @@ from eventstore.catalogue import (
 )
 from eventstore.event import Event
 from eventstore.feed import Scope
-from eventstore.projections import reasoning_of
+from eventstore.projections.turns import reasoning_of
 from tests.conftest import ApiServer
 from tests.test_api_http import client_of, ended, post
 from tests.test_api_streams import (

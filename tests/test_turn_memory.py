@@ -1,4 +1,4 @@
-"""The turn resource of a turn this node ran, served from memory (eventstore/projections.py
+"""The turn resource of a turn this node ran, served from memory (eventstore/projections/
 ``turn_row``, gateways/api/v1.py ``load_turn``): the same resource the turns projection holds in
 Postgres, for every kind of turn, running or ended; and only where memory can know it (the
 stream from its start, nothing promised to a channel, and, while it runs, this node owning its
@@ -33,7 +33,7 @@ from eventstore.catalogue import (
 from eventstore.event import Event
 from eventstore.feed import _ENDED_BYTES, _RECENT_EVENTS
 from eventstore.fencing import Fence
-from eventstore.projections import turn_row
+from eventstore.projections.turns import turn_row
 from gateways.api.schemas import TurnResource
 from gateways.api.v1 import sql, turn_in_memory, turn_resource
 from tests.conftest import ApiServer

@@ -34,7 +34,7 @@ from eventstore.catalogue import (
     TurnEnd,
     TurnStart,
 )
-from eventstore.projections import history_row
+from eventstore.projections.sessions import history_row
 from eventstore.upcast import upcast
 
 _TYPES = [t.TYPE for t in (TurnStart, TurnAttempt, ModelResult, ToolResult, TurnEnd,

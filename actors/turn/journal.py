@@ -21,7 +21,7 @@ from actors.turn.core import TurnState, apply, fold
 from eventstore import AppendResult, EventStore, Metadata, NewEvent, RecordedEvent, StoreError
 from eventstore.bridge import settled
 from eventstore.event import Event
-from eventstore.projections import history_row
+from eventstore.projections.sessions import history_row
 
 
 class Journal:

@@ -66,7 +66,7 @@ from eventstore import (
     WrongExpectedVersion,
     streams,
 )
-from eventstore.projections import history_row
+from eventstore.projections.sessions import history_row
 from eventstore.upcast import upcast
 
 log = structlog.get_logger("dispach.turn")

@@ -1,5 +1,5 @@
 """``GET /v1/agents/{agent}/deliveries``: where the agent's promised replies stand, item by item,
-read from the outbox projection (eventstore/outbox.py) that the outbox actor works from.
+read from the outbox projection (eventstore/projections/outbox.py) that the outbox actor works from.
 
 An item is one chunk of one reply to one recipient. Its stored state (``pending``, ``inflight``,
 ``sent``, ``failed``, ``uncertain``) is shown as a person reads it: a pending item that has been

@@ -32,7 +32,7 @@ from actors.outbox import Channel
 from eventstore import START, Checkpoint, EventStore, InvalidCursor, StoreError, to_wire
 from eventstore.catalogue import EndReason
 from eventstore.feed import Feed
-from eventstore.projections import turn_row
+from eventstore.projections.turns import turn_row
 from gateways import ingress
 from gateways.api import acceptance
 from gateways.api.schemas import (
@@ -349,7 +349,7 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
 
 def turn_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
     """The resource of a turn this node ran and holds from its first event, with nothing
-    promised to a channel (eventstore/projections.py ``turn_row``): the projection's row,
+    promised to a channel (eventstore/projections/turns.py ``turn_row``): the projection's row,
     without the query. Ended, it is final, kept as that row (``Feed.ended``, also once memory
     lets the turn's events go); running, it is served only while memory holds all of the turn
     (``Feed.whole``: this node still owns its session under the same epoch), or else another
