@@ -36,7 +36,8 @@ from eventstore.migrations import migrate
 from eventstore.projections import ASYNC, INLINE
 from eventstore.projections.sessions import SessionsProjection
 from eventstore.projections.turns import TurnsProjection
-from eventstore.projector import Projection, ProjectionRunner, rebuild
+from eventstore.projector import Projection, ProjectionRunner
+from eventstore.rebuild import rebuild
 from eventstore.store import EventStore
 from eventstore.versions import ANY, NO_STREAM
 

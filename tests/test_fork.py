@@ -44,7 +44,7 @@ from eventstore import (
     subjects,
 )
 from eventstore.catalogue import ForkedMessage, SessionForked
-from eventstore.projector import rebuild
+from eventstore.rebuild import rebuild
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer, ConnectFactory, Servers
 from tests.fakes import FakeAnthropic, Reply, ToolUse

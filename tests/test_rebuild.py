@@ -30,7 +30,7 @@ from eventstore import (
     rebuild,
 )
 from eventstore.errors import StoreError
-from eventstore.projector import Rebuilt, index_renames
+from eventstore.rebuild import Rebuilt, index_renames
 from tests.conftest import ConnectFactory, LiveStore, Servers
 from tests.storeops import append
 from tests.test_cli import DISPACH

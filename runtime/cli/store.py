@@ -89,7 +89,7 @@ def projections_rebuild(names: tuple[str, ...], page: int | None) -> None:
     that is stopped leaves the live tables as they were; run it again.
     """
     from eventstore import ASYNC, INLINE, rebuild
-    from eventstore.projector import REBUILD_PAGE
+    from eventstore.rebuild import REBUILD_PAGE
 
     known = {p.name: (p, True) for p in INLINE} | {p.name: (p, False) for p in ASYNC}
     unknown = [n for n in names if n not in known]
