@@ -21,7 +21,7 @@ import functools
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
 from importlib import resources
 from typing import Any
@@ -372,8 +372,3 @@ def _unknown_channel(item: Item) -> DeliveryFailed:
         error=f"agent {item.agent_id!r} has no channel {item.channel_id!r} on this node",
         abandoned=item.chunk_total - item.chunk_index - 1,
     )  # fmt: skip
-
-
-def lookup(channels: Mapping[str, Mapping[str, Channel]]) -> ChannelLookup:
-    """A ChannelLookup over ``{agent: {channel id: channel}}``."""
-    return lambda agent, channel: channels.get(agent, {}).get(channel)
