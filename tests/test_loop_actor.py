@@ -10,7 +10,7 @@ from typing import Any
 import pykka
 import pytest
 
-from actors.actor import LoopActor
+from actors.actor import MAILBOX, Ask, LoopActor, MailboxFull, ask
 
 
 class Recorder(LoopActor):
@@ -57,3 +57,45 @@ async def test_messages_are_handled_on_the_loop_in_order_without_a_thread() -> N
     assert not ref.is_alive()
     with pytest.raises(pykka.ActorDeadError):
         ref.tell("late")
+
+
+class Echo(LoopActor):
+    def on_receive(self, message: Any) -> Any:
+        if message == "fail":
+            raise RuntimeError("refused")
+        return message
+
+
+@pytest.mark.asyncio
+async def test_an_ask_on_the_loop_is_answered_on_an_asyncio_future_or_raises_its_error() -> None:
+    ref = Echo.start(asyncio.get_running_loop())
+    assert await ask(ref, "echo", timeout=5) == "echo"
+    with pytest.raises(RuntimeError, match="refused"):
+        await ask(ref, "fail", timeout=5)
+    assert ref.is_alive()  # an asker's error does not stop the actor
+    ref.stop(block=False)
+    while ref.is_alive():
+        await asyncio.sleep(0)
+    with pytest.raises(pykka.ActorDeadError):
+        await ask(ref, "echo", timeout=5)
+
+
+@pytest.mark.asyncio
+async def test_a_full_mailbox_refuses_the_next_message_and_asks_behind_a_stop_fail() -> None:
+    loop = asyncio.get_running_loop()
+    ref = Echo.start(loop)
+    await ask(ref, "started", timeout=5)
+    # Nothing is handled until this coroutine yields: the mailbox fills, then refuses.
+    before: asyncio.Future[Any] = loop.create_future()
+    ref.tell(Ask("before", before))
+    for _ in range(MAILBOX - 3):
+        ref.tell("filler")
+    ref.stop(block=False)
+    behind: asyncio.Future[Any] = loop.create_future()
+    ref.tell(Ask("behind", behind))  # the last place in the mailbox
+    with pytest.raises(MailboxFull):
+        ref.tell("one too many")
+    assert await asyncio.wait_for(before, 5) == "before"
+    with pytest.raises(pykka.ActorDeadError):
+        await asyncio.wait_for(behind, 5)  # refused at once when the actor stopped
+    assert not ref.is_alive()
