@@ -80,7 +80,7 @@ def child(out: str) -> None:
     from actors.session import actor as session
     from actors.turn import modelcall, runner
     from eventstore import writer
-    from gateways.api import v1 as api
+    from gateways.api import turns as api
     from runtime.cli import main
 
     marks: list[Mark] = []

@@ -1,5 +1,5 @@
 """The turn resource of a turn this node ran, served from memory (eventstore/projections/
-``turn_row``, gateways/api/v1.py ``load_turn``): the same resource the turns projection holds in
+``turn_row``, gateways/api/turns.py ``load_turn``): the same resource the turns projection holds in
 Postgres, for every kind of turn, running or ended; and only where memory can know it (the
 stream from its start, nothing promised to a channel, and, while it runs, this node owning its
 session since its start: another node may have taken it over)."""
@@ -34,8 +34,9 @@ from eventstore.event import Event
 from eventstore.feed import _ENDED_BYTES, _RECENT_EVENTS
 from eventstore.fencing import Fence
 from eventstore.projections.turns import turn_row
+from gateways.api.common import sql
 from gateways.api.schemas import TurnResource
-from gateways.api.v1 import sql, turn_in_memory, turn_resource
+from gateways.api.turns import turn_in_memory, turn_resource
 from tests.conftest import ApiServer
 from tests.test_api_http import client_of, ended, post
 from tests.test_stream_reasoning import call, thinking_turn

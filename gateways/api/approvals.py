@@ -18,7 +18,7 @@ from starlette.responses import Response
 from actors.messages import Refused, ResolveApproval
 from eventstore import EventStore, StoreError
 from eventstore.catalogue import ApprovalRequested
-from gateways.api.v1 import (
+from gateways.api.common import (
     ApiError,
     agent,
     commands_of,

@@ -16,15 +16,8 @@ from starlette.responses import Response
 
 from actors.messages import Refused, SessionContext, TurnContext
 from eventstore import StoreError
-from gateways.api.v1 import (
-    ApiError,
-    agent,
-    load_turn,
-    not_ready,
-    refused,
-    runtime,
-    store_error,
-)
+from gateways.api.common import ApiError, agent, not_ready, refused, runtime, store_error
+from gateways.api.turns import load_turn
 from gateways.http.errors import json_response
 from gateways.ingress import MAX_SESSION_KEY
 

@@ -15,8 +15,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateways.api.common import MAX_PAGE, ApiError, agent, fetch, int_param
 from gateways.api.schemas import DELIVERY_STATUSES, DeliveryError, DeliveryItem, DeliveryList
-from gateways.api.v1 import MAX_PAGE, ApiError, agent, fetch, int_param
 from gateways.http.errors import json_response
 
 DEFAULT_PAGE = 100

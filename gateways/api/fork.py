@@ -18,8 +18,8 @@ from starlette.responses import Response
 
 from actors.messages import ForkSession, Refused
 from gateways import ingress
+from gateways.api.common import commands_of, decode_body, read_body, refused, visible_agent
 from gateways.api.schemas import ForkBody, ForkedBody, ForkSource
-from gateways.api.v1 import commands_of, decode_body, read_body, refused, visible_agent
 from gateways.http.errors import json_response
 
 MAX_INDEX = 2**62

@@ -13,7 +13,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateways.api.v1 import ApiError, read_body, runtime
+from gateways.api.common import ApiError, read_body, runtime
 from gateways.http.errors import json_response
 
 _HOOK_BODY_MAX = 1_000_000

@@ -21,8 +21,7 @@ from actors.messages import Accepted, DefineSchedule, RemoveSchedule, RunSchedul
 from actors.schedule.plan import ScheduleSpec, next_due, problems
 from eventstore import NO_STREAM, StoreError, WrongExpectedVersion
 from eventstore.catalogue import Deliver
-from gateways.api.schemas import AcceptedBody
-from gateways.api.v1 import (
+from gateways.api.common import (
     ApiError,
     agent,
     decode_body,
@@ -32,6 +31,7 @@ from gateways.api.v1 import (
     runtime,
     store_error,
 )
+from gateways.api.schemas import AcceptedBody
 from gateways.http.errors import json_response
 
 _ASK_TIMEOUT = 10.0

@@ -11,17 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.messages import ClearSession, Refused
-from gateways.api.schemas import (
-    ClearedBody,
-    ForkOrigin,
-    MessagePage,
-    PhaseBody,
-    SessionSummary,
-    StoredMessage,
-)
-from gateways.api.v1 import (
+from gateways.api.common import (
     MAX_PAGE,
-    STATUSES,
     ApiError,
     agent,
     commands_of,
@@ -31,6 +22,15 @@ from gateways.api.v1 import (
     read_body,
     refused,
 )
+from gateways.api.schemas import (
+    ClearedBody,
+    ForkOrigin,
+    MessagePage,
+    PhaseBody,
+    SessionSummary,
+    StoredMessage,
+)
+from gateways.api.turns import STATUSES
 from gateways.http.errors import json_response
 
 

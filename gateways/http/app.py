@@ -18,10 +18,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eventstore.bridge import blocking
 from gateways import console
-from gateways.api import approvals, context, deliveries, fork, hooks, schedules, sessions
-from gateways.api import v1 as api
+from gateways.api import (
+    agents,
+    approvals,
+    context,
+    deliveries,
+    fork,
+    hooks,
+    schedules,
+    sessions,
+    turns,
+)
+from gateways.api.common import ApiError, Runtime
 from gateways.api.schemas import Health, Ready
-from gateways.api.v1 import ApiError, Runtime
 from gateways.http import openapi
 from gateways.http.auth import Guard, TokenTable
 from gateways.http.errors import error_response, json_response
@@ -93,20 +102,20 @@ def create_app(
         Route("/v1/ready", ready, methods=["GET"]),
         Route("/v1/openapi.json", openapi_json, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/v1/cluster", api.cluster, methods=["GET"]),
-        Route("/v1/agents", api.list_agents, methods=["GET"]),
-        Route(agent, api.get_agent, methods=["GET"]),
-        Route(agent + "/tools", api.agent_tools, methods=["GET"]),
-        Route(agent + "/skills", api.agent_skills, methods=["GET"]),
-        Route(agent + "/reload", api.reload_agent, methods=["POST"]),
-        Route(agent + "/messages", api.post_message, methods=["POST"]),
-        Route(agent + "/turns", api.list_turns, methods=["GET"]),
-        Route(turn, api.get_turn, methods=["GET"]),
-        Route(turn + "/stop", api.stop_turn, methods=["POST"]),
-        Route(turn + "/events", api.turn_events, methods=["GET"]),
+        Route("/v1/cluster", agents.cluster, methods=["GET"]),
+        Route("/v1/agents", agents.list_agents, methods=["GET"]),
+        Route(agent, agents.get_agent, methods=["GET"]),
+        Route(agent + "/tools", agents.agent_tools, methods=["GET"]),
+        Route(agent + "/skills", agents.agent_skills, methods=["GET"]),
+        Route(agent + "/reload", agents.reload_agent, methods=["POST"]),
+        Route(agent + "/messages", turns.post_message, methods=["POST"]),
+        Route(agent + "/turns", turns.list_turns, methods=["GET"]),
+        Route(turn, turns.get_turn, methods=["GET"]),
+        Route(turn + "/stop", turns.stop_turn, methods=["POST"]),
+        Route(turn + "/events", turns.turn_events, methods=["GET"]),
         Route(turn + "/stream", sse.turn_stream, methods=["GET"]),
         Route(turn + "/context", context.turn_context, methods=["GET"]),
-        Route("/v1/turns/{turn_id}", api.get_turn_any, methods=["GET"]),
+        Route("/v1/turns/{turn_id}", turns.get_turn_any, methods=["GET"]),
         Route(agent + "/sessions", sessions.list_sessions, methods=["GET"]),
         Route(session, sessions.session, methods=["GET", "DELETE"]),
         Route(session + "/messages", sessions.session, methods=["GET", "DELETE"]),

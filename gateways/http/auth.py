@@ -165,7 +165,7 @@ class Guard:
 STREAM_READ_ONLY_HINT = "a stream token only reads streams; send the API token for anything else"
 PRIVATE_QUERY = "private"
 """``?private=true``: a turn's stored events with the tool arguments and outputs
-(gateways/api/v1.py ``turn_events``)."""
+(gateways/api/turns.py ``turn_events``)."""
 PRIVATE_NEEDS_TOKEN = (
     403,
     "private_needs_token",

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateways.api.v1 import principal
+from gateways.api.common import principal
 from gateways.http.errors import error_response
 
 # Labelled by route template (``/v1/agents/{agent}``), never the raw path: a path names agents,

@@ -41,7 +41,7 @@ from gateways.api.schemas import (
     TurnPage,
     TurnResource,
 )
-from gateways.api.v1 import STATUSES
+from gateways.api.turns import STATUSES
 from gateways.http.errors import ErrorEnvelope
 from gateways.ingress import MAX_SESSION_KEY, MAX_TEXT, NOT_BLANK
 from gateways.streams.sse import IssuedToken, TokenRequest

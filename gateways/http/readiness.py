@@ -2,7 +2,7 @@
 ``Retry-After``, instead of a wrong answer (a starting node has no agents yet: ``404``, ``[]``) or
 a 30 s wait on a dependency that is known down.
 
-:class:`Readiness` reads the node's :meth:`~gateways.api.v1.Runtime.readiness` (the same checks
+:class:`Readiness` reads the node's :meth:`~gateways.api.common.Runtime.readiness` (the same checks
 ``GET /v1/ready`` reports) and refuses, in this order:
 
 - ``not_ready`` while the node starts or drains, or a background task of it died;
@@ -24,7 +24,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateways import console
-from gateways.api.v1 import Runtime
+from gateways.api.common import Runtime
 from gateways.http.auth import OPEN_PATHS, SSE_STREAMS
 from gateways.http.errors import deny, error_response
 

@@ -23,13 +23,11 @@ from starlette.types import Scope as AsgiScope
 from eventstore import REGISTRY, Checkpoint, RecordedEvent, StoreError, encode_wire, streams
 from eventstore.catalogue import TurnEnd, TurnStart
 from eventstore.feed import CHUNK, Feed, Scope, Subscription
-from gateways.api.schemas import AcceptedBody
-from gateways.api.v1 import (
+from gateways.api.common import (
     ApiError,
     agent,
     cursor_param,
     decode_body,
-    load_turn,
     not_ready,
     principal,
     read_body,
@@ -38,6 +36,8 @@ from gateways.api.v1 import (
     runtime,
     visible_agent,
 )
+from gateways.api.schemas import AcceptedBody
+from gateways.api.turns import load_turn
 from gateways.http import metrics
 from gateways.http.errors import json_response
 from gateways.ingress import session_key_problem

@@ -33,15 +33,15 @@ from eventstore.catalogue import Deliver, Sender, TurnEnd
 from eventstore.feed import Scope
 from gateways import ingress
 from gateways.api import approvals
-from gateways.api.v1 import (
+from gateways.api.common import (
     ApiError,
     commands_of,
-    load_turn,
     principal,
     refuse_archived,
     runtime,
     visible_agent,
 )
+from gateways.api.turns import load_turn
 from gateways.http import metrics
 from gateways.http.auth import STREAM_READ_ONLY_HINT, SUBPROTOCOL
 from gateways.ingress import field_of, shape_refused

@@ -1,0 +1,61 @@
+"""The agents of API v1: the list a token may reach, one agent, its tools and skills, the
+refused reload; and the cluster the node reads (``GET /v1/cluster``)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateways.api.common import ApiError, agent, not_ready, principal, runtime
+from gateways.api.schemas import AgentInfo, SkillList
+from gateways.http.errors import json_response
+
+
+async def list_agents(request: Request) -> Response:
+    who = principal(request)
+    agents = [
+        AgentInfo(id=a.id, name=a.name, status=a.status, model=a.model, provider=a.provider)
+        for a in runtime(request).agent_details().values()
+        if who.sees(a.id)
+    ]
+    return json_response(agents)
+
+
+async def cluster(request: Request) -> Response:
+    """``GET /v1/cluster``: nodes, the partitions each holds, epochs and lease ages."""
+    status = runtime(request).cluster_status()
+    if status is None:
+        raise not_ready()
+    return json_response(status)
+
+
+async def get_agent(request: Request) -> Response:
+    return json_response(agent(request))
+
+
+async def agent_tools(request: Request) -> Response:
+    """``GET …/tools``: the agent's tools as v1 lists them, with their policy and timeout."""
+    return json_response(agent(request).tool_list)
+
+
+async def agent_skills(request: Request) -> Response:
+    """``GET …/skills``: v1 0.1.0's answer for a runtime without skills. ``supported: false``
+    says the runtime has none, which an empty list alone would not."""
+    agent(request)
+    return json_response(SkillList(skills=[], supported=False))
+
+
+async def reload_agent(request: Request) -> Response:
+    """``POST …/reload``: refused, as v1 0.1.0 refuses it. An agent is built once per node
+    start; its pinned prompt prefix (instructions, tools) must stay byte-stable for the
+    provider's cache and for every session's turns, so a live reload would change a
+    conversation under it. A restart (or a rolling restart of the cluster) loads the manifest."""
+    found = agent(request)
+    raise ApiError(
+        501,
+        "reload_not_supported",
+        f"agent {found.id!r} cannot be reloaded while the node runs: an agent's manifest is "
+        "read once, at the node's start",
+        "restart the node to load a changed manifest; in a cluster, roll it: start nodes with "
+        "the new manifest, then stop the old ones one by one (SIGTERM drains them)",
+    )
