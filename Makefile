@@ -16,9 +16,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/dispach serve
 
+# The suite runs on PYTEST_WORKERS xdist workers, each with its own Postgres and NATS
+# (tests/conftest.py); a module whose tests share a module-scoped fixture stays on one worker
+# (--dist loadgroup). One test alone: make test PYTEST_ARGS="-n0 tests/test_x.py::test_y".
 # pytest exits 5 when it collects no tests; an empty selection is not a failure of the suite.
+PYTEST_WORKERS ?= 3
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

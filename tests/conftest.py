@@ -14,6 +14,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -53,6 +54,44 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     gc.freeze()
 
 
+_SHARED_SCOPE = re.compile(r"""fixture\(\s*scope=["'](?:module|package|class)["']""")
+
+
+def modules_with_shared_state(tests: Path) -> set[str]:
+    """The test modules (as node ids name them) whose tests share a module-scoped fixture: one
+    defined in the module (a ``dispach serve`` of the module), or in a helper module it imports
+    (tests/cluster.py: a 3-server NATS cluster)."""
+    defining = {p for p in tests.glob("*.py") if _SHARED_SCOPE.search(p.read_text())}
+    helpers = [f"tests.{p.stem}" for p in defining if not p.name.startswith("test_")]
+    found = set()
+    for path in tests.glob("test_*.py"):
+        text = path.read_text()
+        if path in defining or any(f"from {h} import" in text for h in helpers):
+            found.add(path.relative_to(tests.parent).as_posix())
+    return found
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (``make test``): every test goes to whichever worker is free, except
+    that a module sharing a module-scoped fixture goes to one worker as a whole, which starts
+    that fixture once. (xdist's own loadgroup reads ``xdist_group`` marks into node ids, which
+    pytest 9.2's structured node ids no longer let it do.) Units are handed out largest first:
+    the grouped modules, then single tests in the order they were collected."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    shared = modules_with_shared_state(ROOT / "tests")
+
+    class ByModuleState(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in shared else nodeid
+
+    return ByModuleState(config, log)
+
+
 @pytest.fixture(autouse=True)
 def default_deployment_name() -> Iterator[None]:
     """A node names the process's deployment at start (subjects.use): the next test starts
@@ -81,8 +120,11 @@ async def no_blocking_on_the_loop(request: pytest.FixtureRequest) -> AsyncIterat
     # 0.5 s: in a full run on a shared 2-core machine the loop thread is sometimes descheduled or
     # kept from the GIL for 250-320 ms by the suite's other threads and processes (seen in
     # callbacks that do no I/O at all); a call that really blocks (a sleep, a pykka get(), a
-    # synchronous query under load) still shows far above it.
-    loop.slow_callback_duration = 0.5
+    # synchronous query under load) still shows far above it. Under xdist the suite's processes
+    # outnumber the cores by the workers per core, and so does that descheduling (seen: 0.5-1 s
+    # with 4 workers on 2 cores): the threshold scales with it.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    loop.slow_callback_duration = 0.5 * max(1.0, workers / (os.cpu_count() or 1))
     handler = _SlowCallbacks()
     logger = logging.getLogger("asyncio")
     logger.addHandler(handler)
@@ -101,11 +143,20 @@ class Servers:
         self.nats_url = nats_url
 
 
+def worker_id() -> str:
+    """This pytest process's xdist worker (``gw0``, ``gw1``, ...), ``main`` without xdist."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    """One Postgres and one NATS per pytest process: under xdist every worker starts its own,
+    in a data directory of its own (its base temp dir, named for the worker) on ports the kernel
+    picks, so workers share no server, no data and no JetStream state."""
     database_url = os.environ.get("DISPACH_TEST_DATABASE_URL") or None
     nats_url = os.environ.get("DISPACH_TEST_NATS_URL") or None
-    services = EmbeddedServices(tmp_path_factory.mktemp("servers"), database_url, nats_url)
+    home = tmp_path_factory.mktemp(f"servers-{worker_id()}")
+    services = EmbeddedServices(home, database_url, nats_url)
     services.start()
     try:
         assert services.database_url is not None and services.nats_url is not None

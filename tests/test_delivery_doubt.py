@@ -12,7 +12,6 @@ end-to-end cases run a real node (Postgres, NATS, uvicorn)."""
 from __future__ import annotations
 
 import random
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -29,6 +28,7 @@ from gateways.channels.webhook import WebhookChannel
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes.telegram_server import FakeTelegram
 from tests.fakes.webhook_receiver import WebhookReceiver
+from tests.test_node import free_port  # a loopback port nobody listens on (until a fake is)
 from tests.test_telegram import TOKEN, one_turn, sent, turn_until, wait_for
 
 AGENT, CHANNEL, CHAT = "tg", "telegram", 5020
@@ -73,14 +73,6 @@ def receiver() -> Iterator[WebhookReceiver]:
 def _secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TELEGRAM_BOT_TOKEN", TOKEN)
     monkeypatch.setenv("DISPACH_WEBHOOK_SECRET", SECRET)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (until a fake is started on it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def outbound(uncertain: bool = False) -> Outbound:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,11 +25,29 @@ DISPACH = str(Path(sys.executable).parent / "dispach")
 pytestmark = pytest.mark.slow
 
 
+_PORT_BASE = 16000
+_PORTS_PER_PROCESS = 500
+_next_port = itertools.count(random.randrange(_PORTS_PER_PROCESS))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
+    """A free loopback port for a server a test starts on it in a moment (or starts again on it,
+    after killing it). Taken from a block of this pytest process's own (``gw0``: the second,
+    ``gw1``: the third; xdist's PYTEST_XDIST_WORKER), below the kernel's ephemeral range
+    (32768-60999): a port the kernel picked would be free for anyone between this check and the
+    server's bind, and another worker's pick or any outgoing connection could take it then."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) + 1 if worker.startswith("gw") else 0
+    base = _PORT_BASE + index * _PORTS_PER_PROCESS
+    for _ in range(_PORTS_PER_PROCESS):
+        port = base + next(_next_port) % _PORTS_PER_PROCESS
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
         return port
+    raise AssertionError(f"no free loopback port in {base}-{base + _PORTS_PER_PROCESS - 1}")
 
 
 class Serve:
