@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -119,6 +120,20 @@ class Node:
             assert time.monotonic() < deadline, f"not {what} within {within} s"
             await asyncio.sleep(0.05)
 
+    def refused(self, path: str) -> int:
+        """How many ``POST path`` the node has answered 503 so far (its JSON access lines)."""
+        count = 0
+        for line in self.serve.log.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if (isinstance(entry, dict) and entry.get("event") == "request"
+                    and entry.get("method") == "POST" and entry.get("path") == path
+                    and entry.get("status") == 503):  # fmt: skip
+                count += 1
+        return count
+
     async def ended(self, turn_id: str) -> None:
         async def done() -> bool:
             turn = await self.http.get(f"/v1/turns/{turn_id}")
@@ -198,8 +213,13 @@ async def test_a_starting_node_answers_503_not_ready_until_it_is_ready(
             with Client(node.serve.url) as client:
                 return client.send("assistant", "sent while starting", session_key="starting")
 
+        refused_before = node.refused(MESSAGES)
         sending = asyncio.create_task(asyncio.to_thread(send))
-        await asyncio.sleep(1.5)
+
+        async def retried() -> bool:  # refused, waited its Retry-After, and asked again
+            return sending.done() or node.refused(MESSAGES) >= refused_before + 2
+
+        await node.until(retried, "the client refused twice while the node starts", 30)
         assert not sending.done()
         gate.open()
         accepted = await asyncio.wait_for(sending, 60)

@@ -197,16 +197,30 @@ async def test_a_read_only_transaction_holds_nothing_back(
     monkeypatch.setattr(health, "HORIZON_WARN_S", 0.5)
     api = await api_factory.start()
     reader = await psycopg.AsyncConnection.connect(servers.database_url)
+    control = await psycopg.AsyncConnection.connect(servers.database_url)
     try:
         await reader.execute("SELECT 1")  # in a transaction, but no xid: no horizon held
-        await asyncio.sleep(2.5)  # two probes past the threshold
-        holder = api.node.store.health.holder if api.node.store is not None else None
-        assert holder is None or holder.pid != reader.info.backend_pid
-        assert not [w for w in (await ready(api.url)).get("warnings", [])
-                    if f"pid {reader.info.backend_pid}" in w]  # fmt: skip
+        await control.execute("SELECT pg_current_xact_id()")  # younger, and it holds an xid
+        ages: set[float] = set()
+
+        async def probed_twice() -> bool:
+            """Two probes past the threshold named the control: each of them looked at the
+            older reader too, and passed over it."""
+            holder = api.node.store.health.holder if api.node.store is not None else None
+            if holder is not None:
+                assert holder.pid != reader.info.backend_pid
+                if holder.pid == control.info.backend_pid and holder.age_s >= health.HORIZON_WARN_S:
+                    ages.add(holder.age_s)
+            return len(ages) >= 2
+
+        await until(probed_twice, 15, "two probes past the threshold naming the control")
+        warnings = (await ready(api.url)).get("warnings", [])
+        assert not [w for w in warnings if f"pid {reader.info.backend_pid}" in w], warnings
+        assert [w for w in warnings if f"pid {control.info.backend_pid}" in w], warnings
     finally:
-        await reader.rollback()
-        await reader.close()
+        for conn in (control, reader):
+            await conn.rollback()
+            await conn.close()
 
 
 def test_every_connection_of_the_store_bounds_its_statements_locks_and_idle_transactions(

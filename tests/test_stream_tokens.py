@@ -286,7 +286,8 @@ def test_each_wrong_token_is_refused_with_its_own_code_and_none_is_logged(
     foreign = finished_turn(node, agent="other")
     path = f"/v1/agents/assistant/turns/{mine}/stream"
     token = issue(node, agentId="assistant", turnId=mine)["token"]
-    short = issue(node, agentId="assistant", turnId=mine, ttlS=2)["token"]
+    short_issued = issue(node, agentId="assistant", turnId=mine, ttlS=2)
+    short = short_issued["token"]
     tokens = [token, short]
     codes: dict[str, int] = {}
 
@@ -296,7 +297,9 @@ def test_each_wrong_token_is_refused_with_its_own_code_and_none_is_logged(
 
     with anonymous(node) as http:
         assert read_turn(http, path, st=short)[-1][0] == "stream.ended"  # valid for now
-        time.sleep(2.1)  # ttlS=2: expired by now, whatever the second it was issued in
+        # ttlS=2: expired from its expiresAt on (whole seconds: 1-2 s after it was issued).
+        expires = datetime.fromisoformat(short_issued["expiresAt"]).timestamp()
+        time.sleep(max(0.0, expires - time.time()) + 0.05)
         refused(http.get(path, params={"st": short}), 401, "stream_token_expired", short)
 
         for bad in tamper(token, short):
