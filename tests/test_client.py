@@ -367,7 +367,8 @@ async def test_cli_send_exits_3_when_the_turn_is_stopped(
     api_factory: ApiFactory, tmp_path: Path
 ) -> None:
     ran = tmp_path / "ran.txt"
-    api_factory.write_agent("slow", SLOW.format(path=ran, seconds=2))
+    # The tool's 6 s are the window for `dispach turns stop` (a process start: >2 s under load).
+    api_factory.write_agent("slow", SLOW.format(path=ran, seconds=6))
     api = await api_factory.start()
     sending = asyncio.create_task(dispach(api, "send", "--agent", "slow", "wait"))
     async with asyncio.timeout(30):
