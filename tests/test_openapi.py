@@ -302,7 +302,12 @@ async def in_child(job: Job) -> Report:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await asyncio.wait_for(child.communicate(), 100)
+    try:
+        out, err = await asyncio.wait_for(child.communicate(), 200)
+    except TimeoutError:
+        child.kill()  # not left running, nor its pipes open for a later test to find
+        await child.communicate()
+        raise
     assert child.returncode == 0, err.decode()
     report: Report = json.loads(out)
     return report
@@ -393,6 +398,7 @@ async def test_open_paths_are_documented_without_security(api: ApiServer) -> Non
 # ---- generated requests ---------------------------------------------------------------------
 
 
+@pytest.mark.timeout(420)  # two fuzzing children: 80-100 s each beside two other workers
 @pytest.mark.asyncio
 async def test_generated_requests_on_an_open_server(api: ApiServer) -> None:
     turn_id, key = await finished_turn(api)
@@ -407,6 +413,7 @@ async def test_generated_requests_on_an_open_server(api: ApiServer) -> None:
     assert successes(known) == fuzzed(known) - NEEDS_DATA, known["statuses"]
 
 
+@pytest.mark.timeout(420)  # two fuzzing children: 80-100 s each beside two other workers
 @pytest.mark.asyncio
 async def test_generated_requests_with_a_token(api_factory: ApiFactory) -> None:
     api = await api_factory.start(tokens=["fuzz-secret"])
