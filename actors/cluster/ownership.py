@@ -255,6 +255,14 @@ class Ownership:
                 del self._inflight[partition]
                 self._changed.set()
 
+    async def opened(self, deadline: float) -> bool:
+        """Wait until every partition this node has taken is open (fenced and resumed), or
+        ``deadline`` (monotonic): True when none is still opening."""
+        while self._opening:
+            if not await self._wait_changed(deadline):
+                return False
+        return True
+
     async def changed(self, deadline: float) -> bool:
         """Wait until ownership changes (or ``deadline``): True when it did."""
         return await self._wait_changed(deadline)
