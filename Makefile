@@ -18,11 +18,15 @@ run: $(STAMP)
 
 # The suite runs on PYTEST_WORKERS xdist workers, each with its own Postgres and NATS
 # (tests/conftest.py); a module whose tests share a module-scoped fixture stays on one worker
-# (--dist loadgroup). One test alone: make test PYTEST_ARGS="-n0 tests/test_x.py::test_y".
+# (--dist loadgroup). The tests marked `alone` (they time what a user sees, or fuzz the API and
+# need the machine) run afterwards, one at a time. One test alone:
+# make test PYTEST_ARGS="-n0 tests/test_x.py::test_y".
 # pytest exits 5 when it collects no tests; an empty selection is not a failure of the suite.
 PYTEST_WORKERS ?= 3
+PYTEST := $(BIN)/python -m pytest --durations=20
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not alone" $(PYTEST_ARGS); rc=$$?; if [ $$rc -ne 0 ] && [ $$rc -ne 5 ]; then exit $$rc; fi
+	$(PYTEST) -n0 -m alone $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests marked alone selected"; exit 0; fi; exit $$rc
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -565,6 +565,7 @@ def test_the_main_views_have_no_serious_accessibility_violations(
     assert not serious, serious
 
 
+@pytest.mark.alone  # it times the first paint: beside other workers it times them
 @pytest.mark.timeout(600)
 def test_a_two_thousand_event_turn_and_a_thousand_turn_session_paint_within_a_second(
     talker: Callable[..., ServeNode],

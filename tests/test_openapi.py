@@ -398,7 +398,8 @@ async def test_open_paths_are_documented_without_security(api: ApiServer) -> Non
 # ---- generated requests ---------------------------------------------------------------------
 
 
-@pytest.mark.timeout(420)  # two fuzzing children: 80-100 s each beside two other workers
+@pytest.mark.alone  # the fuzzing child takes a core for a minute or more
+@pytest.mark.timeout(420)
 @pytest.mark.asyncio
 async def test_generated_requests_on_an_open_server(api: ApiServer) -> None:
     turn_id, key = await finished_turn(api)
@@ -413,7 +414,8 @@ async def test_generated_requests_on_an_open_server(api: ApiServer) -> None:
     assert successes(known) == fuzzed(known) - NEEDS_DATA, known["statuses"]
 
 
-@pytest.mark.timeout(420)  # two fuzzing children: 80-100 s each beside two other workers
+@pytest.mark.alone  # the fuzzing child takes a core for a minute or more
+@pytest.mark.timeout(420)
 @pytest.mark.asyncio
 async def test_generated_requests_with_a_token(api_factory: ApiFactory) -> None:
     api = await api_factory.start(tokens=["fuzz-secret"])
