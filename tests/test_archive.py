@@ -112,7 +112,7 @@ async def test_archive_and_restore_a_partition_of_ten_thousand_turns(
     with connect(url, schema) as conn:
         found = dict(ranges(conn))
         name = next(n for n, r in found.items() if r.lower == 1)  # events_1: [1, 10000)
-        before = _rows(conn, name)
+        before = await asyncio.to_thread(_rows, conn, name)
         assert len(before) == SIZE - 1
         with pytest.raises(ArchiveError, match="may still receive positions"):
             await asyncio.to_thread(archive, conn, max(found, key=lambda n: found[n].upper),
@@ -172,7 +172,7 @@ async def test_archive_and_restore_a_partition_of_ten_thousand_turns(
     # Restore: byte-identical rows, every column.
     with connect(url, schema) as conn:
         await asyncio.to_thread(restore, conn, target)
-        assert _rows(conn, name) == before
+        assert await asyncio.to_thread(_rows, conn, name) == before
         with pytest.raises(ArchiveError, match="part of the log already"):
             restore(conn, target)
     store.archived.forget()
@@ -208,7 +208,7 @@ async def test_the_cli_archives_and_restores_and_refuses_a_damaged_archive(
         assert now_eligible[0] == "events_1"
         assert ranges(conn)[-1][0] not in now_eligible  # the newest, where positions go on
         newest = ranges(conn)[-1][0]
-        before = _rows(conn, "events_1")
+        before = await asyncio.to_thread(_rows, conn, "events_1")
 
     home, out = tmp_path / "home", tmp_path / "archives"
     code, _, err = await log_cli(api, home, "archive", "--partition", newest, "--to", str(out))
@@ -222,7 +222,7 @@ async def test_the_cli_archives_and_restores_and_refuses_a_damaged_archive(
     assert code == 0, err
     assert "restored events_1" in text
     with connect(url, schema) as conn:
-        assert _rows(conn, "events_1") == before
+        assert await asyncio.to_thread(_rows, conn, "events_1") == before
 
         manifest = await asyncio.to_thread(archive, conn, "events_1", tmp_path)
         target = tmp_path / manifest["archiveId"]

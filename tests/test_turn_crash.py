@@ -20,7 +20,7 @@ import pytest
 from actors.messages import Accepted
 from actors.turn.core import attempts
 from eventstore import EventStore, RecordedEvent, streams, subjects
-from eventstore.catalogue import ToolResult, TurnEnd
+from eventstore.catalogue import ToolCall, ToolResult, TurnEnd
 from gateways.ingress import IngressMessage, request
 from tests import fakes
 from tests.conftest import ROOT, Servers
@@ -90,10 +90,9 @@ async def resumed(
     env: dict[str, str], log: Path, store: EventStore, turn_id: str
 ) -> list[RecordedEvent]:
     """Start the node again, wait for the turn it resumes to end, stop the node cleanly; the
-    turn's events."""
+    turn's events (``store`` is open)."""
     second = serve(env, log)
     try:
-        await store.aopen()
         stream = streams.turn(turn_id)
 
         async def ended() -> bool:
@@ -143,6 +142,15 @@ async def test_kill_9_during_a_tool_call_then_restart(
             return marker.read_text().count("ran") == 1
 
         await wait_for(started, 30, "the tool to start")
+        # A read-only call's tool.call is sent, not awaited, before it runs: a kill before it
+        # commits resumes by asking the model again, a different test. Kill once it is in.
+        await store.aopen()
+        stream = streams.turn(accepted.turn_id)
+
+        async def recorded() -> bool:
+            return any(isinstance(e.data, ToolCall) for e in await store.aread_stream(stream))
+
+        await wait_for(recorded, 30, "the tool call to be recorded")
         first.send_signal(signal.SIGKILL)
         await asyncio.to_thread(first.wait, 10)
 
