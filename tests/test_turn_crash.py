@@ -90,9 +90,10 @@ async def resumed(
     env: dict[str, str], log: Path, store: EventStore, turn_id: str
 ) -> list[RecordedEvent]:
     """Start the node again, wait for the turn it resumes to end, stop the node cleanly; the
-    turn's events (``store`` is open)."""
+    turn's events."""
     second = serve(env, log)
     try:
+        await store.aopen()
         stream = streams.turn(turn_id)
 
         async def ended() -> bool:
@@ -144,13 +145,17 @@ async def test_kill_9_during_a_tool_call_then_restart(
         await wait_for(started, 30, "the tool to start")
         # A read-only call's tool.call is sent, not awaited, before it runs: a kill before it
         # commits resumes by asking the model again, a different test. Kill once it is in.
-        await store.aopen()
+        probe = EventStore(servers.database_url, schema=schema)
+        await probe.aopen()
         stream = streams.turn(accepted.turn_id)
 
         async def recorded() -> bool:
-            return any(isinstance(e.data, ToolCall) for e in await store.aread_stream(stream))
+            return any(isinstance(e.data, ToolCall) for e in await probe.aread_stream(stream))
 
-        await wait_for(recorded, 30, "the tool call to be recorded")
+        try:
+            await wait_for(recorded, 30, "the tool call to be recorded")
+        finally:
+            await probe.aclose()
         first.send_signal(signal.SIGKILL)
         await asyncio.to_thread(first.wait, 10)
 
