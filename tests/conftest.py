@@ -285,7 +285,8 @@ class NodeFactory:
         # The partitions its first tick took are fenced and resumed: a test writing to the store
         # directly writes under their epochs (commands wait for this by themselves).
         if node.ownership is not None:
-            await node.ownership.opened(time.monotonic() + 30)
+            opened = await node.ownership.opened(time.monotonic() + 30)
+            assert opened, f"{node.node_id}'s partitions were still opening after 30 s"
         return node
 
 
