@@ -12,7 +12,7 @@ import signal
 import socket
 import time
 from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import nats
@@ -34,6 +34,7 @@ from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
 from actors.schedule.actor import CLOCK_ON, SchedulerActor
 from actors.session.directory import SessionDirectory
+from actors.tools import LiveSources, ToolSource
 from eventstore import (
     ASYNC,
     INLINE,
@@ -56,20 +57,18 @@ from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
 from gateways.http.wsprotocol import EdgeWebSocket
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
+from gateways.toolsources import KINDS
 from runtime import manifest
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
 
-if TYPE_CHECKING:
-    from gateways.mcp.client import Connection, Hub, McpTools
-
 log = structlog.get_logger("dispach.node")
 
 
-MCP_START_SECONDS = 10.0
-"""How long a node's start waits for each MCP server to list its tools; a slower one's tools
-join its agents when it is up."""
+SOURCES_START_SECONDS = 10.0
+"""How long a node's start waits for each live tool source (an MCP server) to list its tools;
+a slower one's tools join its agents when it is up."""
 
 
 class Node:
@@ -86,11 +85,9 @@ class Node:
         self.agents: dict[str, Agent] = {}
         self._manifests: dict[str, manifest.Manifest] = {}
         self._env: dict[str, str] = {}
-        self.mcp: Hub | None = None
-        """The sessions with the MCP servers the manifests declare (None: they declare none,
-        and the SDK is not even imported)."""
-        self._mcp: dict[str, list[McpTools]] = {}
-        """The MCP servers each agent declares, as tool sources over the hub's connections."""
+        self.sources: dict[str, LiveSources] = {}
+        """The live tool sources the manifests declare, by kind (``mcp_servers``); a kind no
+        manifest declares is not opened (nor its SDK imported)."""
         self.engine: SessionDirectory | None = None
         self.feed: Feed | None = None
         self._details: dict[str, AgentDetail] = {}
@@ -110,13 +107,11 @@ class Node:
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
     def agent_details(self) -> dict[str, AgentDetail]:
-        if not any(self._mcp.values()):
+        if not self.sources:
             return self._details
         found = dict(self._details)
-        for agent_id, sources in self._mcp.items():
-            down = [f"MCP server {s.name!r} is {s.connection.state}"
-                    + (f": {s.connection.error}" if s.connection.error else "")
-                    for s in sources if s.connection.state != "up"]  # fmt: skip
+        for agent_id in self._manifests:
+            down = [w for live in self.sources.values() for w in live.warnings(agent_id)]
             if down and agent_id in found:
                 detail = found[agent_id]
                 found[agent_id] = msgspec.structs.replace(
@@ -289,36 +284,42 @@ class Node:
         )
 
     async def _load_agents(self) -> None:
-        """Read the manifests, start the MCP servers they declare (waiting a bounded time for
-        each to list its tools), then build the agents: before any turn is resumed, so a
-        resumed turn finds the tools it was using."""
+        """Read the manifests, check the tool sources they declare and start them (waiting a
+        bounded time for each to list its tools), then build the agents: before any turn is
+        resumed, so a resumed turn finds the tools it was using."""
         self._env = dict(os.environ)
         self._manifests = await blocking(manifest.load_manifests,
                                                   self.settings.agents_path)  # fmt: skip
-        declared = {a: manifest.mcp_servers(m, self._env) for a, m in self._manifests.items()}
-        if any(declared.values()):
-            from gateways.mcp.client import Hub
-
-            hub = Hub(client_version=VERSION, on_change=self._mcp_changed)
-            self._mcp = {a: [hub.source(spec) for spec in specs] for a, specs in declared.items()}
-            self.mcp = hub
-            await hub.start(MCP_START_SECONDS)
+        # Every declaration is checked before any source starts.
+        declared = {
+            kind: {a: kind.declare(a, getattr(m, kind.key), self._env)
+                   for a, m in self._manifests.items()}
+            for kind in KINDS
+        }  # fmt: skip
+        for kind, by_agent in declared.items():
+            if any(by_agent.values()):
+                self.sources[kind.key] = kind.open(by_agent, VERSION, self._sources_changed)
+        await asyncio.gather(*(live.start(SOURCES_START_SECONDS) for live in self.sources.values()))
         self.agents = await blocking(lambda: {
-            agent_id: manifest.build(m, self._env, self._mcp.get(agent_id, ()))
+            agent_id: manifest.build(m, self._env, self._sources_of(agent_id))
             for agent_id, m in self._manifests.items()
         })  # fmt: skip
         self._details = {a.id: agent_detail(a) for a in self.agents.values()}
 
-    def _mcp_changed(self, connection: Connection) -> None:
-        """An MCP server listed other tools (it came up, came back, or said they changed):
-        the agents that use it get a new tool list, for their next turn."""
-        for agent_id, sources in self._mcp.items():
-            agent = self.agents.get(agent_id)
-            if agent is None or not any(s.connection is connection for s in sources):
-                continue  # not built yet (its first build reads the listing), or not a user
-            rebuilt = manifest.with_tools(agent, self._manifests[agent_id], self._env, sources)
-            self.agents[agent_id] = rebuilt
-            self._details[agent_id] = agent_detail(rebuilt)
+    def _sources_of(self, agent_id: str) -> list[ToolSource]:
+        """The agent's live sources, kind after kind."""
+        return [s for live in self.sources.values() for s in live.of(agent_id)]
+
+    def _sources_changed(self, agent_id: str) -> None:
+        """A source of the agent lists other tools (a server came up, came back, or said they
+        changed): the agent gets a new tool list, for its next turn."""
+        agent = self.agents.get(agent_id)
+        if agent is None:
+            return  # not built yet: its first build reads the listing
+        rebuilt = manifest.with_tools(agent, self._manifests[agent_id], self._env,
+                                      self._sources_of(agent_id))  # fmt: skip
+        self.agents[agent_id] = rebuilt
+        self._details[agent_id] = agent_detail(rebuilt)
 
     async def _nats_disconnected(self) -> None:
         if self._phase != "draining":  # our own drain disconnects on purpose
@@ -369,8 +370,8 @@ class Node:
             await agent.model.aclose()
             for channel in agent.channels.values():
                 await channel.aclose()
-        if self.mcp is not None:
-            await self.mcp.aclose(timeout)
+        for live in self.sources.values():
+            await live.aclose(timeout)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -23,6 +23,7 @@ import pytest_asyncio
 
 from eventstore import RecordedEvent
 from eventstore.catalogue import ToolCall, ToolResult, TurnEnd
+from gateways.mcp.sources import McpSources
 from runtime.manifest import ManifestError
 from runtime.node import Node
 from tests import fakes
@@ -675,8 +676,9 @@ async def test_a_result_over_the_transport_s_limit_is_a_clear_error_and_the_serv
     assert huge.output is not None and "64 MiB" in huge.output
     assert "Ask the tool for less" in huge.output
 
-    assert api.node.mcp is not None
-    [kit] = api.node.mcp.connections
+    live = api.node.sources["mcp_servers"]
+    assert isinstance(live, McpSources)
+    [kit] = live.hub.connections
     await until(lambda: kit.state == "up" and kit.sessions == 2, "the kit up again", 30)
     assert len(lines(record / "pids.log")) == 2
     follow = await send(api.node, AGENT, "and now?")

@@ -13,16 +13,17 @@ import pytest
 from actors.tools import ToolCallFailed, ToolOutput, ToolSpec, execute
 from actors.tools.execute import MAX_IMAGE_CHARS
 from gateways.mcp.client import admit, namespaced, output, read_only
-from gateways.mcp.spec import Http, Stdio
-from runtime.manifest import ManifestError, decode, mcp_servers
+from gateways.mcp.config import declare
+from gateways.mcp.spec import Http, ServerSpec, Stdio
+from runtime.manifest import ManifestError, decode
 
 OBJECT = {"type": "object", "properties": {"x": {"type": "string"}}}
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 60).decode()
 
 
-def declared(servers: str, env: dict[str, str] | None = None) -> list[Any]:
+def declared(servers: str, env: dict[str, str] | None = None) -> list[ServerSpec]:
     manifest = decode(f"id: a\nmodel: {{provider: scripted}}\nmcp_servers:\n{servers}", "a.yaml")
-    return mcp_servers(manifest, env or {})
+    return declare(manifest.id, manifest.mcp_servers, env or {})
 
 
 def test_a_stdio_and_an_http_server_with_secrets_read_from_the_environment() -> None:

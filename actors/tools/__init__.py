@@ -14,15 +14,24 @@ from actors.tools.errors import (
 from actors.tools.execute import execute, execute_calls, truncate
 from actors.tools.notes import Notes, StoreNotes
 from actors.tools.registry import ToolRegistry, args_hash, schema_problem
-from actors.tools.source import SourceKind, StaticSource, ToolSource
+from actors.tools.source import (
+    LiveSources,
+    SourceKind,
+    SourcesChanged,
+    StaticSource,
+    ToolSource,
+    ToolSourceKind,
+)
 from actors.tools.spec import ToolContext, ToolOutcome, ToolOutput, ToolRun, ToolSpec
 
 __all__ = [
     "BUILTINS",
     "DuplicateTool",
     "InvalidToolSchema",
+    "LiveSources",
     "Notes",
     "SourceKind",
+    "SourcesChanged",
     "StaticSource",
     "StoreNotes",
     "ToolCallFailed",
@@ -34,6 +43,7 @@ __all__ = [
     "ToolRegistry",
     "ToolRun",
     "ToolSource",
+    "ToolSourceKind",
     "ToolSpec",
     "args_hash",
     "calculator",

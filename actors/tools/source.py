@@ -10,12 +10,17 @@ coroutine ``run`` at it; a ``run`` returns text or a :class:`~actors.tools.spec.
 :class:`~actors.tools.errors.ToolCallFailed` with a code of its own. A source whose list
 changes (an MCP server's) is read again when it says so; the agent's registry is then built
 anew.
+
+A kind of source that lives beside the node (a session with a server, a process) is a
+:class:`ToolSourceKind`: the manifest key that declares it, the check of its declarations, and
+the :class:`LiveSources` a node opens for every agent at once, starts, asks, and closes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Literal, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 from actors.tools.spec import ToolSpec
 
@@ -61,3 +66,44 @@ class StaticSource:
 
     def problems(self) -> list[str]:
         return []
+
+
+SourcesChanged = Callable[[str], None]
+"""Told the id of an agent whose live sources now offer other tools."""
+
+
+class LiveSources(Protocol):
+    """The sources of one kind on a node, for every agent that declares some: started with the
+    node, closed at its drain; the :data:`SourcesChanged` it was opened with hears when what
+    they offer changes."""
+
+    def of(self, agent_id: str) -> list[ToolSource]:
+        """The agent's sources of this kind, in the order its manifest declares them."""
+        ...
+
+    def warnings(self, agent_id: str) -> list[str]:
+        """What keeps the agent's sources from offering their tools now (a server down)."""
+        ...
+
+    async def start(self, wait_s: float) -> None:
+        """Start them all; wait at most ``wait_s`` for each to list its tools or fail (a slower
+        one's tools come later, with a change)."""
+        ...
+
+    async def aclose(self, timeout: float) -> None:
+        """Stop them all, within ``timeout``."""
+        ...
+
+
+@dataclass(frozen=True)
+class ToolSourceKind:
+    """A kind of tool source a manifest may declare."""
+
+    key: str
+    """The manifest's key: a list of declarations (``mcp_servers``)."""
+    declare: Callable[[str, Sequence[Any], Mapping[str, str]], Sequence[Any]]
+    """An agent's declarations checked against the node's environment (a ManifestError
+    otherwise): ``(agent id, declarations, env)``."""
+    open: Callable[[Mapping[str, Sequence[Any]], str, SourcesChanged], LiveSources]
+    """The node's live sources for what every agent declared: ``(checked declarations by
+    agent, the node's version, whom to tell of a change)``."""

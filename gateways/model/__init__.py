@@ -1,7 +1,8 @@
 """Models behind the ``actors.model.Model`` port.
 
 The provider adapters (``gateways.model.anthropic``, ``gateways.model.openai``) are imported
-where an agent needs one (runtime/manifest.py): each SDK weighs tens of MiB.
+where an agent needs one (the factories of :mod:`gateways.model.providers`): each SDK weighs
+tens of MiB.
 """
 
 from typing import Any

@@ -1,0 +1,113 @@
+"""The fields of an agent manifest (``agents/<id>.yaml``) as msgspec Structs, and the default
+agent's. The model's fields are :mod:`gateways.model.config`'s, the tool sources' are
+:mod:`gateways.toolsources`'s; reading and building one is :mod:`runtime.manifest`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from actors.schedule.plan import ScheduleSpec
+from gateways.channels import ChannelConfig
+from gateways.manifests import Positive, Seconds
+from gateways.model.config import ModelConfig
+from gateways.toolsources import Declarations
+
+_ID = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class Instruction(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    text: str
+    label: str = "instructions"
+
+
+class ToolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: str
+    module: str | None = None
+    """``package.module:function`` for a tool of your own."""
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    mutating: bool = False
+    timeout_s: Seconds | None = None
+    policy: Literal["allow", "deny", "ask"] = "allow"
+    """``ask``: each call waits for a person's approval (POST …/approvals/{id}); ``deny``: the
+    model is told the call was refused."""
+    untrusted_output: bool = False
+    """What the tool returns comes from outside (a web page, a mail)."""
+
+
+class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_steps: Positive = 8
+    turn_timeout_s: Seconds = 300.0
+    tool_timeout_s: Seconds = 30.0
+    max_output_tokens: Positive = 32_000
+    max_tool_output_chars: Positive = 16_000
+    approval_timeout_s: Seconds = 3600.0
+    untrusted_on_mutate: Literal["ask", "deny", "allow"] = "ask"
+
+
+Fraction = Annotated[float, msgspec.Meta(gt=0, lt=1)]
+
+
+class ThresholdsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Fractions of the prompt budget (window less output reserve) at which each compaction
+    stage starts; strictly ascending in this order."""
+
+    excerpt: Fraction = 0.60
+    dedupe: Fraction = 0.70
+    stub: Fraction = 0.80
+    digest: Fraction = 0.88
+    reset: Fraction = 0.95
+
+
+class ContextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    thresholds: ThresholdsConfig = ThresholdsConfig()
+    excerpt_over_tokens: Positive = 1000
+    excerpt_keep_tokens: Positive = 300
+    keep_turns: Annotated[int, msgspec.Meta(ge=0, le=100)] = 2
+    compactor: ModelConfig | None = None
+    """The model that writes digests; without one (or when it fails) digests are mechanical."""
+    count_tokens: bool = False
+    requests_share: Annotated[float, msgspec.Meta(gt=0, le=1)] = 0.3
+    """The share of the prompt budget the verbatim list of earlier requests may take."""
+
+
+class SessionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    concurrency: Literal["queue", "reject", "interrupt"] = "queue"
+
+
+class Manifest(Declarations, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An agent, as its manifest declares it (the tool sources' fields come from
+    :class:`~gateways.toolsources.Declarations`)."""
+
+    id: Annotated[str, msgspec.Meta(pattern=_ID)]
+    name: str | None = None
+    model: ModelConfig = ModelConfig()
+    instructions: list[str | Instruction] = msgspec.field(default_factory=list)
+    reminders: list[str] = msgspec.field(default_factory=list)
+    """Rules re-asserted in a pinned block after the instructions and configuration."""
+    tools: list[str | ToolConfig] = msgspec.field(default_factory=list)
+    limits: LimitsConfig = LimitsConfig()
+    context: ContextConfig = ContextConfig()
+    session: SessionConfig = SessionConfig()
+    channels: list[ChannelConfig] = msgspec.field(default_factory=list)
+    schedules: list[ScheduleSpec] = msgspec.field(default_factory=list)
+
+
+DEFAULT = Manifest(
+    id="assistant",
+    name="Assistant",
+    instructions=[
+        Instruction(
+            label="identity",
+            text=(
+                "You are Assistant, the default agent of a Dispach node. Answer briefly and "
+                "plainly. Use the tools when they help: current_time for dates and times, "
+                "calculator for arithmetic, session_notes to remember things the person asks "
+                "you to keep for later in this conversation."
+            ),
+        )
+    ],
+    tools=["current_time", "calculator", "session_notes"],
+)

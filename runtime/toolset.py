@@ -1,0 +1,158 @@
+"""An agent's tools as its manifest and its sources give them: its own (built-ins and Python
+functions), those of its live sources (an MCP server's), the provider's server tools, and the
+pinned prefix (instructions, a summary of its setup, the tool definitions) that names them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import structlog
+
+from actors.context.assemble import Block, Pinned
+from actors.context.policy import ContextPolicy
+from actors.model import Model
+from actors.tools import BUILTINS, StaticSource, ToolRegistry, ToolSource, ToolSpec, load_custom
+from gateways.manifests import ManifestError
+from gateways.model.config import SERVER_TOOL_TYPES, ServerToolConfig
+from gateways.model.providers import Provider, with_server_tools
+from runtime.manifest_schema import Instruction, Manifest, ToolConfig
+
+log = structlog.get_logger("dispach.agents")
+
+
+def catalogue(manifest: Manifest, model: Model, policy: ContextPolicy, provider: Provider,
+              sources: Sequence[ToolSource]) -> tuple[ToolRegistry, Pinned]:  # fmt: skip
+    """The agent's tools, from its sources in order (its own, then its live sources'), and its
+    pinned prefix. A name its own tools use twice is a manifest error (DuplicateTool); a tool
+    of another source whose name is taken already is left out, and said so."""
+    own = [_tool(manifest, t) for t in manifest.tools]
+    if (own or sources) and "artifact_read" not in {t.name for t in own}:
+        # Compaction shortens old tool results and names this tool to read them whole.
+        own.append(BUILTINS["artifact_read"]())
+    tools: list[ToolSpec] = []
+    taken: set[str] = set()
+    for source in [StaticSource("local", own), *sources]:
+        for problem in source.problems():
+            log.warning("tool_source_problem", agent=manifest.id, source=source.name,
+                        problem=problem)  # fmt: skip
+        for spec in source.specs():
+            if spec.name in taken and source.kind != "local":
+                log.warning(f"{source.kind}_tool_refused", agent=manifest.id, server=source.name,
+                            tool=spec.name, reason="the agent has a tool of that name")  # fmt: skip
+                continue
+            taken.add(spec.name)
+            tools.append(spec)
+    registry = ToolRegistry(tools)
+    server = _server_tools(manifest, provider, set(registry.names))
+    return registry, _pinned(manifest, model, registry, policy, server)
+
+
+def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry, policy: ContextPolicy,
+            server: list[dict[str, Any]]) -> Pinned:  # fmt: skip
+    """The agent's pinned blocks, rendered once: the same bytes every turn."""
+    blocks = [
+        Block(i.label, i.text) if isinstance(i, Instruction) else Block("instructions", i)
+        for i in manifest.instructions
+    ]
+    blocks = [b for b in blocks if b.text]
+    blocks.append(Block("configuration", _configuration(manifest, model, tools, policy)))
+    if manifest.reminders:
+        blocks.append(Block("reminders", "\n".join(manifest.reminders)))
+    return Pinned(system=tuple(blocks), tools=[*tools.definitions(), *server])
+
+
+def _configuration(manifest: Manifest, model: Model, tools: ToolRegistry,
+                   policy: ContextPolicy) -> str:  # fmt: skip
+    """A short summary of the agent's own setup, so it can answer questions about itself."""
+    specs = [t for name in tools.names if (t := tools.get(name)) is not None]
+    asks = [t.name for t in specs if t.policy == "ask"]
+    denied = [t.name for t in specs if t.policy == "deny"]
+    limits = manifest.limits
+    lines = [
+        f"About you, as configured: agent {manifest.id!r} ({manifest.name or manifest.id}), "
+        f"model {model.label}, context window {policy.window} tokens.",
+        f"Tools: {', '.join(t.name for t in specs) or 'none'}."
+        + (f" Each call of {', '.join(asks)} waits for a person's approval." if asks else "")
+        + (f" {', '.join(denied)} may not be used." if denied else ""),
+        f"Channels: {', '.join(c.id for c in manifest.channels if c.enabled) or 'none'}.",
+        f"Each turn may take up to {limits.max_steps} steps and {limits.turn_timeout_s:g} s.",
+    ]
+    if specs:
+        lines.append(
+            "Long conversations are compacted automatically: older tool results may be "
+            "shortened (artifact_read returns one whole) and older turns summarised; the "
+            "person's own requests are kept word for word."
+        )
+    return "\n".join(lines)
+
+
+def _server_tools(manifest: Manifest, provider: Provider, ours: set[str]) -> list[dict[str, Any]]:
+    """The definitions of the server tools the agent may use (a denied one is left out)."""
+    configs = [ServerToolConfig(name=t) if isinstance(t, str) else t
+               for t in manifest.model.server_tools]  # fmt: skip
+    if configs and not provider.server_tools:
+        able = with_server_tools()
+        raise ManifestError(
+            f"agent {manifest.id!r}: server tools run only on "
+            f"{' or '.join(p.title for p in able)}'s API",
+            f"remove model.server_tools, or use provider: {' or '.join(p.name for p in able)}",
+            field="model.server_tools",
+        )
+    definitions = []
+    for config in configs:
+        kind = config.type or SERVER_TOOL_TYPES.get(config.name)
+        if kind is None:
+            raise ManifestError(
+                f"agent {manifest.id!r}: no server tool {config.name!r} is known",
+                f"known: {', '.join(SERVER_TOOL_TYPES)}; or give its API `type`",
+                field="model.server_tools",
+            )
+        if config.name in ours:
+            raise ManifestError(
+                f"agent {manifest.id!r}: server tool {config.name!r} has the name of a tool",
+                "rename one of them", field="model.server_tools",
+            )  # fmt: skip
+        if config.policy == "deny":
+            continue
+        options = msgspec.to_builtins(config)
+        options.pop("policy", None)
+        definitions.append({**options, "type": kind, "name": config.name})
+    return definitions
+
+
+def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
+    config = entry if isinstance(entry, ToolConfig) else ToolConfig(name=entry)
+    if config.module is None:
+        factory = BUILTINS.get(config.name)
+        if factory is None:
+            raise ManifestError(
+                f"agent {manifest.id!r}: no built-in tool {config.name!r}",
+                f"built-in tools: {', '.join(sorted(BUILTINS))}; or give `module: pkg.mod:func`",
+                field="tools",
+            )
+        spec = factory()
+        if config.timeout_s is not None:
+            spec = dataclasses.replace(spec, timeout_s=config.timeout_s)
+        return dataclasses.replace(
+            spec, policy=config.policy, untrusted_output=config.untrusted_output
+        )
+    if config.input_schema is None:
+        raise ManifestError(
+            f"agent {manifest.id!r}: tool {config.name!r} has a module but no input_schema",
+            "give the tool's input as a JSON Schema object under input_schema",
+            field="tools",
+        )
+    custom = load_custom(
+        config.name,
+        config.module,
+        config.description or config.name,
+        config.input_schema,
+        config.mutating,
+        config.timeout_s,
+    )
+    return dataclasses.replace(
+        custom, policy=config.policy, untrusted_output=config.untrusted_output
+    )
