@@ -231,7 +231,9 @@ class _View(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defa
 
 
 class ContextThresholds(_View, frozen=True):
-    """Fractions of the prompt budget at which each compaction stage starts."""
+    """Fractions of the prompt budget at which each compaction stage starts: one field per rung
+    of actors/context/rungs.py ``RUNGS``, in its order (literal for the gateways, which import
+    this module without the engine; tests/test_rungs.py checks that the two agree)."""
 
     excerpt: float
     dedupe: float
@@ -257,7 +259,8 @@ class ContextBlock(_View, frozen=True):
 
 
 class Compacted(_View, frozen=True):
-    """How many tool results of the history are shown compacted, by mark."""
+    """How many tool results of the history are shown compacted, by mark: one field per
+    marking rung (checked against the registry as ``ContextThresholds`` is)."""
 
     excerpt: int
     dedupe: int

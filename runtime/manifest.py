@@ -24,7 +24,8 @@ import yaml
 
 from actors.agent import Agent
 from actors.context.compact import Digester
-from actors.context.policy import STAGES, ContextPolicy
+from actors.context.policy import ContextPolicy
+from actors.context.rungs import STAGES
 from actors.outbox import Channel
 from actors.schedule.plan import problems
 from actors.tools import ToolSource
@@ -214,7 +215,7 @@ def _context_policy(manifest: Manifest) -> ContextPolicy:
         named = ", ".join(f"{n} {t:g}" for n, t in zip(STAGES, thresholds, strict=True))
         raise ManifestError(
             f"agent {manifest.id!r}: compaction thresholds must rise stage by stage ({named})",
-            "order them excerpt < dedupe < stub < digest < reset, each between 0 and 1",
+            f"order them {' < '.join(STAGES)}, each between 0 and 1",
             field="context.thresholds",
         )
     reserve = model.reserve_output or model.max_output_tokens

@@ -4,10 +4,11 @@ agent's. The model's fields are :mod:`gateways.model.config`'s, the tool sources
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
+from actors.context.rungs import RUNGS
 from actors.schedule.plan import ScheduleSpec
 from gateways.channels import ChannelConfig
 from gateways.manifests import Positive, Seconds
@@ -50,15 +51,22 @@ class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 Fraction = Annotated[float, msgspec.Meta(gt=0, lt=1)]
 
 
-class ThresholdsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Fractions of the prompt budget (window less output reserve) at which each compaction
-    stage starts; strictly ascending in this order."""
+if TYPE_CHECKING:  # its fields are the rungs' names, known when the registry is: read generically
 
-    excerpt: Fraction = 0.60
-    dedupe: Fraction = 0.70
-    stub: Fraction = 0.80
-    digest: Fraction = 0.88
-    reset: Fraction = 0.95
+    class ThresholdsConfig(msgspec.Struct, frozen=True, kw_only=True):
+        pass
+
+else:
+    ThresholdsConfig = msgspec.defstruct(
+        "ThresholdsConfig",
+        [(rung.name, Fraction, rung.threshold) for rung in RUNGS],
+        module=__name__, frozen=True, kw_only=True, forbid_unknown_fields=True,
+    )  # fmt: skip
+    ThresholdsConfig.__doc__ = (
+        "Fractions of the prompt budget (window less output reserve) at which each compaction "
+        "rung starts, one field per rung of actors/context/rungs.py RUNGS (its default that "
+        "rung's threshold); strictly ascending in that order."
+    )
 
 
 class ContextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

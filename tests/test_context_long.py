@@ -29,8 +29,8 @@ import pytest
 
 from actors.context.assemble import DIGEST_HEADER, REQUESTS_HEADER
 from actors.context.load import load
-from actors.context.policy import STAGES
 from actors.context.replay import replay
+from actors.context.rungs import STAGES
 from actors.messages import SessionContext
 from actors.tools.builtins import ARTIFACT_PAGE
 from actors.turn.actor import TurnActor

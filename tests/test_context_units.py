@@ -14,7 +14,7 @@ from typing import Any, cast
 import msgspec
 import pytest
 
-from actors.context import ladder
+from actors.context import ladder, rungs
 from actors.context.assemble import (
     DIGEST_HEADER,
     REQUESTS_HEADER,
@@ -26,23 +26,22 @@ from actors.context.assemble import (
     render,
     total,
 )
-from actors.context.compact import Digester, Prepared, digest_of, mechanical, prepare
+from actors.context.compact import Digester, Prepared, mechanical, prepare
 from actors.context.history import (
     BYTES_PER_TOKEN,
     IMAGE_TOKENS,
     Digest,
     Entry,
     History,
-    Mark,
     View,
-    after_stage,
     entry,
     estimate,
-    marked,
     slim,
     text_tokens,
 )
-from actors.context.policy import DEFAULT_THRESHOLDS, FLOOR_MARGIN, STAGES, ContextPolicy
+from actors.context.ladder import FLOOR_MARGIN
+from actors.context.policy import ContextPolicy
+from actors.context.rungs import DEFAULT_THRESHOLDS, STAGES, marked
 from eventstore.catalogue import CompactionStage, ContextPressure
 from eventstore.event import decode_data, encode_data
 
@@ -427,17 +426,38 @@ def test_calibration_is_an_exponential_average_that_ignores_outliers() -> None:
     assert (copied.ratio, copied.calibrated, copied._memo) == (history.ratio, True, None)
 
 
-def test_after_stage_folds_marks_and_digests() -> None:
+def stage(name: str, ids: tuple[str, ...] = (), digest: Digest | None = None,
+          kept: dict[str, str] | None = None) -> CompactionStage:  # fmt: skip
+    """A recorded ``compaction.stage`` of the rung ``name``."""
+    if digest is None:
+        return CompactionStage(stage=name, before=2, after=1, changed=bool(ids), ids=list(ids))
+    return CompactionStage(stage=name, before=2, after=1, digest=digest.source,
+                           through=digest.through, turns=digest.turns, text=digest.text,
+                           requests=list(digest.requests), kept=kept)  # fmt: skip
+
+
+def folded(view: View, event: CompactionStage) -> View:
+    history = History(view=view)
+    rungs.replay(history, event)
+    return history.view
+
+
+def test_replay_folds_marks_and_digests() -> None:
     start = View(marks={"c1": "excerpt"})
-    assert after_stage(start, "excerpt", [], None, None) is start
-    stubbed = after_stage(start, "stub", ["c1", "c2"], None, None)
+    assert folded(start, stage("excerpt")) is start
+    stubbed = folded(start, stage("stub", ("c1", "c2")))
     assert stubbed == View(marks={"c1": "stub", "c2": "stub"})
     assert start.marks == {"c1": "excerpt"}
-    assert after_stage(stubbed, "digest", [], None, None) is stubbed  # changed nothing
+    assert folded(stubbed, stage("digest")) is stubbed  # changed nothing
     digest = Digest(text="d", source="mechanical", through=20, turns=3, requests=("a",))
-    folded = after_stage(stubbed, "digest", [], digest, {"c2": "stub"})
-    assert folded == View(digest=digest, marks={"c2": "stub"})
-    assert after_stage(folded, "reset", [], digest, None) == View(digest=digest, marks={})
+    assert folded(stubbed, stage("digest", digest=digest, kept={"c2": "stub"})) == View(
+        digest=digest, marks={"c2": "stub"})  # fmt: skip
+    assert folded(stubbed, stage("reset", digest=digest)) == View(digest=digest, marks={})
+    assert folded(stubbed, stage("no-such-rung", ("c3",))) is stubbed
+    entries = [*turn(1), *turn(2), *turn(3)]
+    history = History(entries=entries)
+    rungs.replay(history, stage("digest", digest=digest))  # through 20: turns 1 and 2
+    assert history.entries == entries[8:]
 
 
 # --- ladder: the pure decisions --------------------------------------------------------------
@@ -468,7 +488,7 @@ def test_excerpt_marks_only_results_over_excerpt_over() -> None:
     history = History(entries=[*turn(1, size=3000), *turn(2, size=8000), *turn(3, size=3300),
                                *turn(4, size=20_000)])  # fmt: skip
     assert history.entries[2].tokens <= POLICY.excerpt_over  # c1: not over, never excerpted
-    view, ids = ladder.excerpt(history, POLICY, need=10**9)
+    view, ids = rungs.mark("excerpt", history, POLICY, need=10**9)
     assert ids == ["c2", "c3", "c4"]
     assert view.marks == dict.fromkeys(ids, "excerpt")
     assert history.view == View()  # decided, not applied
@@ -484,20 +504,20 @@ def test_dedupe_marks_only_superseded_results_of_the_same_tool_and_input() -> No
         call(t, 0, "a2", {"lang": "en", "q": 1}), result(t, 0, "a2", "r" * 400),
         call(t, 0, "a3", {"q": 1, "lang": "en"}), result(t, 0, "a3", "r" * 400),
     ])  # fmt: skip
-    assert ladder.superseded(history) == {"a1", "a2"}
-    view, ids = ladder.dedupe(history, POLICY, need=10**9)
+    assert rungs.superseded(history) == {"a1", "a2"}
+    view, ids = rungs.mark("dedupe", history, POLICY, need=10**9)
     assert ids == ["a1", "a2"]
     assert "a3" not in view.marks and "b1" not in view.marks and "other" not in view.marks
 
 
 def test_stub_marks_oldest_first_until_the_need_is_met() -> None:
     history = History(entries=[*turn(1, 2000), *turn(2, 2000), *turn(3, 2000)])
-    _, ids = ladder.stub(history, POLICY, need=1)
+    _, ids = rungs.mark("stub", history, POLICY, need=1)
     assert ids == ["c1"]
     one = history.entries[2].tokens - len(marked(history.entries[2], "stub", 200)["content"]) // 4
-    _, ids = ladder.stub(history, POLICY, need=one + 50)
+    _, ids = rungs.mark("stub", history, POLICY, need=one + 50)
     assert ids == ["c1", "c2"]
-    view, ids = ladder.stub(history, POLICY, need=10**9)
+    view, ids = rungs.mark("stub", history, POLICY, need=10**9)
     assert ids == ["c1", "c2", "c3"]
     assert view.marks == dict.fromkeys(ids, "stub")
 
@@ -505,10 +525,10 @@ def test_stub_marks_oldest_first_until_the_need_is_met() -> None:
 def test_marks_never_weaken_but_may_strengthen() -> None:
     entries = [*turn(1, 8000), *turn(2, 8000), *turn(3, 8000)]
     history = History(entries=entries, view=View(marks={"c1": "stub", "c2": "excerpt"}))
-    view, ids = ladder.excerpt(history, POLICY, need=10**9)
+    view, ids = rungs.mark("excerpt", history, POLICY, need=10**9)
     assert ids == ["c3"]
     assert view.marks == {"c1": "stub", "c2": "excerpt", "c3": "excerpt"}
-    view, ids = ladder.stub(history, POLICY, need=10**9)
+    view, ids = rungs.mark("stub", history, POLICY, need=10**9)
     assert ids == ["c2", "c3"]
     assert view.marks == {"c1": "stub", "c2": "stub", "c3": "stub"}
     # With a one-token excerpt, excerpting a superseded result would save tokens: it still may
@@ -517,10 +537,10 @@ def test_marks_never_weaken_but_may_strengthen() -> None:
     superseded = History(entries=entries, view=View(marks={"c1": "dedupe"}))
     c1 = entries[2]
     assert estimate(marked(c1, "excerpt", 1)) < estimate(marked(c1, "dedupe", 1))
-    _, ids = ladder.excerpt(superseded, tiny, need=10**9)
+    _, ids = rungs.mark("excerpt", superseded, tiny, need=10**9)
     assert ids == ["c2", "c3"]
     done = History(entries=entries, view=view)
-    same, none = ladder.stub(done, POLICY, need=10**9)
+    same, none = rungs.mark("stub", done, POLICY, need=10**9)
     assert (same, none) == (done.view, [])
     assert same is done.view  # nothing to mark: the very same view (the memo stays valid)
 
@@ -572,11 +592,7 @@ def replayed(start: History, events: list[Any]) -> History:
             continue
         stored = decode_data(CompactionStage.TYPE, encode_data(event))
         assert isinstance(stored, CompactionStage)
-        digest = digest_of(stored)
-        kept = cast("dict[str, Mark] | None", stored.kept)
-        history.view = after_stage(history.view, stored.stage, stored.ids, digest, kept)
-        if digest is not None:
-            history.entries = [e for e in history.entries if e.start > digest.through]
+        rungs.replay(history, stored)
     return history
 
 

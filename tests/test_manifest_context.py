@@ -6,12 +6,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from actors.agent import Agent
 from actors.context.compact import DIGEST_INSTRUCTION
 from actors.context.history import Entry, entry
-from actors.context.policy import DEFAULT_THRESHOLDS
+from actors.context.rungs import DEFAULT_THRESHOLDS
 from runtime.manifest import ManifestError, build, decode
 from tests import fakes
 from tests.fakes import FakeAnthropic, HttpError, Reply
@@ -53,7 +54,7 @@ def test_the_manifests_in_docs_agents_md_decode() -> None:
     assert len(manifests) >= 2
     for text in manifests:
         manifest = decode(text, "docs/agents.md")
-        assert manifest.context.thresholds.excerpt == 0.60
+        assert msgspec.structs.astuple(manifest.context.thresholds)[0] == 0.60
     researcher = decode(manifests[-1], "docs/agents.md")
     assert researcher.reminders and researcher.context.compactor is not None
 

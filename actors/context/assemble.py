@@ -31,10 +31,10 @@ from actors.context.history import (
     History,
     estimate,
     json_tokens,
-    marked_raw,
     text_tokens,
     wire,
 )
+from actors.context.rungs import marked_raw
 from actors.model import joined
 from eventstore.catalogue import ContextSlot
 

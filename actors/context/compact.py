@@ -1,8 +1,8 @@
 """Running the ladder before a model call: measure, compact one rung at a time, measure again.
 
 This is the one place that awaits (a compactor model writes digests); the decisions are in
-:mod:`actors.context.ladder`. The history it is given is the turn's own copy: the session keeps
-the result only when the turn ends.
+:mod:`actors.context.ladder`, the rungs it climbs in :mod:`actors.context.rungs`. The history it
+is given is the turn's own copy: the session keeps the result only when the turn ends.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import structlog
 
 from actors.context import ladder
 from actors.context.assemble import Assembly, Pinned, assemble, total
-from actors.context.history import Digest, Entry, History, View, slim
-from actors.context.policy import STAGES, ContextPolicy
+from actors.context.history import Digest, Entry, History
+from actors.context.policy import ContextPolicy
+from actors.context.rungs import RUNGS
 from actors.model import Completed, Model, ModelError, ModelRequest, TextDelta
 from eventstore.catalogue import CompactionStage, ContextPressure
 from eventstore.event import Event
@@ -164,16 +165,16 @@ async def prepare(
         for index in range(stage + 1):
             if tokens <= goal:
                 break
-            name = STAGES[index]
+            rung = RUNGS[index]
             before = tokens
             need = math.ceil((tokens - goal) / ratio)
-            event = await _run(name, history, policy, need, digester)
+            event = await rung.apply(history, policy, need, digester)
             if not event["changed"]:
                 continue  # nothing of its kind to compact: the next rung may have something
             tokens = math.ceil(
                 total(pinned, history, text, transcript, policy.excerpt_keep) * ratio
             )
-            events.append(CompactionStage(**{**event, "stage": name, "before": before,
+            events.append(CompactionStage(**{**event, "stage": rung.name, "before": before,
                                              "after": tokens}))  # fmt: skip
         if source == "reported":
             source = "corrected"  # the count was of the request before compaction
@@ -182,47 +183,3 @@ async def prepare(
     events.append(ContextPressure(fraction=round(tokens / budget, 4), tokens=tokens,
                                   budget=budget, source=source, peak=peak))  # fmt: skip
     return Prepared(assembly, events, tokens, over=tokens > budget)
-
-
-async def _run(name: str, history: History, policy: ContextPolicy, need: int,
-               digester: Digester) -> dict[str, Any]:  # fmt: skip
-    """Apply one rung to ``history``; the fields of its ``compaction.stage`` event."""
-    if name in ("excerpt", "dedupe", "stub"):
-        rung = {"excerpt": ladder.excerpt, "dedupe": ladder.dedupe, "stub": ladder.stub}[name]
-        view, ids = rung(history, policy, need)
-        history.view = view
-        if name != "excerpt" and ids:  # their bodies are never shown again: not kept in memory
-            gone = set(ids)
-            history.entries = [slim(e) if e.obs_id in gone else e for e in history.entries]
-        return {"changed": bool(ids), "ids": ids}
-    covered_count = ladder.split(history.entries, policy.keep_turns if name == "digest" else 0)
-    if covered_count == 0:
-        return {"changed": False}
-    covered, kept = history.entries[:covered_count], history.entries[covered_count:]
-    previous = history.view.digest
-    listed = [*(previous.requests if previous else ()), *ladder.requests(covered)]
-    archived = previous.archived if previous else 0
-    cut = ladder.over_share(listed, int(policy.budget * policy.requests_share))
-    listed, dropped = listed[cut:], listed[:cut]
-    text, source, fallback = await digester(previous, covered, dropped)
-    digest = Digest(
-        text=text, source=source, through=covered[-1].start,
-        turns=(previous.turns if previous else 0) + len(ladder.turns(covered)),
-        requests=tuple(listed), archived=archived + cut,
-    )  # fmt: skip
-    kept_ids = {e.obs_id for e in kept if e.obs_id is not None}
-    marks = {k: v for k, v in history.view.marks.items() if k in kept_ids}
-    history.view = View(digest=digest, marks=marks)
-    history.entries = kept
-    return {"changed": True, "digest": source, "through": digest.through, "turns": digest.turns,
-            "text": text, "requests": list(digest.requests), "archived": digest.archived,
-            "kept": marks, "fallback": fallback}  # fmt: skip
-
-
-def digest_of(event: CompactionStage) -> Digest | None:
-    """The digest a recorded ``digest``/``reset`` stage wrote, if it wrote one."""
-    if event.stage not in ("digest", "reset") or not event.changed or event.text is None:
-        return None
-    return Digest(text=event.text, source=event.digest or "mechanical", through=event.through or 0,
-                  turns=event.turns, requests=tuple(event.requests or ()),
-                  archived=event.archived)  # fmt: skip

@@ -2,9 +2,10 @@
 
 The log keeps every message; what the model reads is a *view* of it: the newest digest (if one
 was written) standing for every turn it covers, then the entries after it, some of whose tool
-observations are marked (excerpted, superseded or stubbed). Marks are sticky: once an
-observation is stubbed it stays stubbed, so the prompt prefix stays byte-identical from turn to
-turn until the next compaction (which is what prompt caching needs).
+observations are marked by a marking rung (excerpted, superseded or stubbed: see
+:mod:`actors.context.rungs`, which also says how each mark shows a result). Marks are sticky:
+once an observation is stubbed it stays stubbed, so the prompt prefix stays byte-identical from
+turn to turn until the next compaction (which is what prompt caching needs).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any, Literal
 import msgspec
 
 Role = Literal["user", "assistant", "tool"]
-Mark = Literal["excerpt", "dedupe", "stub"]
+Mark = str
+"""The name of the marking rung that marked a tool result (actors/context/rungs.py)."""
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
 BYTES_PER_TOKEN = 4
@@ -182,33 +184,6 @@ class History:
         return int(tokens * self.ratio + 0.999)
 
 
-def marked(entry: Entry, mark: Mark | None, keep_tokens: int) -> Any:
-    """The wire form of ``entry`` under ``mark``: a tool result excerpted (head and tail kept),
-    superseded, or stubbed, each pointing at the whole body with ``artifact_read``."""
-    content = entry.content
-    if mark is None or entry.role != "tool":
-        return content
-    body = content.get("content")
-    text = readable(body)
-    ref = f'artifact_read("{content["tool_use_id"]}")'
-    match mark:
-        case "excerpt":
-            keep = keep_tokens * BYTES_PER_TOKEN
-            if len(text) <= keep:
-                return content
-            head, tail = text[: keep * 2 // 3], text[len(text) - keep // 3 :]
-            cut = len(text) - len(head) - len(tail)
-            shown = (f"{head}\n[... {cut} characters cut by compaction; the whole result is "
-                     f"readable with {ref} ...]\n{tail}")  # fmt: skip
-        case "dedupe":
-            shown = (f"[superseded: the same call with the same input ran again later; this "
-                     f"older result is readable with {ref}]")  # fmt: skip
-        case _:
-            shown = (f"[compacted tool result of {entry.tokens} tokens; read it in full with "
-                     f"{ref}]")  # fmt: skip
-    return {**content, "content": shown}
-
-
 def readable(body: Any) -> str:
     """A tool result's content as the text an excerpt, a stub or a digest keeps: a string as
     it is; of content blocks, the text of each, and a note for the others (an image's data is
@@ -222,21 +197,3 @@ def readable(body: Any) -> str:
         for b in body
         if isinstance(b, dict)
     )
-
-
-def marked_raw(entry: Entry, mark: Mark | None, keep_tokens: int) -> bytes:
-    """:func:`marked` as JSON (the entry's own bytes when the mark does not change it)."""
-    if mark is None or entry.role != "tool":
-        return entry.raw
-    return _ENCODE(marked(entry, mark, keep_tokens))
-
-
-def after_stage(view: View, stage: str, ids: list[str], digest: Digest | None,
-                kept: dict[str, Mark] | None) -> View:  # fmt: skip
-    """The view after a recorded ``compaction.stage`` (the same fold the live ladder did)."""
-    if stage in ("digest", "reset"):
-        return view if digest is None else View(digest=digest, marks=dict(kept or {}))
-    if not ids:
-        return view
-    mark: Mark = stage  # type: ignore[assignment]
-    return View(digest=view.digest, marks={**view.marks, **dict.fromkeys(ids, mark)})

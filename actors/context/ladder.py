@@ -1,4 +1,5 @@
-"""The compaction ladder's decisions, pure: which rungs run, and what each one marks.
+"""The compaction ladder's decisions, pure: which rungs run (the rungs themselves are
+:mod:`actors.context.rungs`), and what a digest reads of the turns it covers.
 
 Pressure is the prompt's (corrected) size over the prompt budget. When it crosses a stage's
 threshold, the stages run in order from the first, one at a time, until the prompt is back under
@@ -9,23 +10,13 @@ without one, and the prefix the provider cached stays valid until the next.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from actors.context.history import (
-    Entry,
-    History,
-    Mark,
-    View,
-    estimate,
-    marked,
-    readable,
-    text_tokens,
-)
-from actors.context.policy import FLOOR_MARGIN, ContextPolicy
-from actors.tools import args_hash
+from actors.context.history import Entry, readable, text_tokens
 
-_STRENGTH: dict[str | None, int] = {None: 0, "excerpt": 1, "dedupe": 2, "stub": 3}
+FLOOR_MARGIN = 0.05
+"""Below the first rung's threshold, the first rung compacts down to this much less."""
 
 
 def deepest(fraction: float, thresholds: tuple[float, ...]) -> int | None:
@@ -39,78 +30,7 @@ def target(stage: int, thresholds: tuple[float, ...]) -> float:
     return thresholds[stage - 1] if stage > 0 else max(0.0, thresholds[0] - FLOOR_MARGIN)
 
 
-def _observations(history: History) -> Iterator[tuple[Entry, Mark | None]]:
-    marks = history.view.marks
-    for item in history.entries:
-        if item.role == "tool":
-            yield item, marks.get(item.obs_id)  # type: ignore[arg-type]
-
-
-def _shown_tokens(item: Entry, mark: Mark | None, policy: ContextPolicy) -> int:
-    return item.tokens if mark is None else estimate(marked(item, mark, policy.excerpt_keep))
-
-
-def _mark(history: History, policy: ContextPolicy, need: int, mark: Mark,
-          chosen: set[str] | None = None, over: int = 0) -> tuple[View, list[str]]:  # fmt: skip
-    """Mark observations oldest first (only those in ``chosen`` when given, only those bigger
-    than ``over`` tokens) until ``need`` tokens are saved; a mark never weakens."""
-    marks = dict(history.view.marks)
-    ids: list[str] = []
-    saved = 0
-    for item, current in _observations(history):
-        if saved >= need:
-            break
-        obs = item.obs_id
-        assert obs is not None
-        if _STRENGTH[current] >= _STRENGTH[mark] or item.tokens <= over:
-            continue
-        if chosen is not None and obs not in chosen:
-            continue
-        gain = _shown_tokens(item, current, policy) - _shown_tokens(item, mark, policy)
-        if gain <= 0:
-            continue
-        marks[obs] = mark
-        ids.append(obs)
-        saved += gain
-    if not ids:
-        return history.view, []
-    return View(digest=history.view.digest, marks=marks), ids
-
-
-def excerpt(history: History, policy: ContextPolicy, need: int) -> tuple[View, list[str]]:
-    """(a) Oversized tool results: a head and a tail stay, the rest is one pointer."""
-    return _mark(history, policy, need, "excerpt", over=policy.excerpt_over)
-
-
-def superseded(history: History) -> set[str]:
-    """Tool results made stale by a later call of the same tool with the same input."""
-    calls: dict[str, tuple[str, str]] = {}
-    for item in history.entries:
-        if item.role == "assistant":
-            for block in item.content:
-                if isinstance(block, dict) and block.get("type") == "tool_use":
-                    calls[block["id"]] = (block["name"], args_hash(block.get("input") or {}))
-    latest: dict[tuple[str, str], str] = {}
-    stale: set[str] = set()
-    for item in history.entries:
-        obs = item.obs_id
-        key = calls.get(obs) if obs is not None else None
-        if key is None:
-            continue
-        if key in latest:
-            stale.add(latest[key])
-        latest[key] = obs  # type: ignore[assignment]
-    return stale
-
-
-def dedupe(history: History, policy: ContextPolicy, need: int) -> tuple[View, list[str]]:
-    """(b) Superseded tool results give way to the newest of their kind."""
-    return _mark(history, policy, need, "dedupe", chosen=superseded(history))
-
-
-def stub(history: History, policy: ContextPolicy, need: int) -> tuple[View, list[str]]:
-    """(c) Old tool results become a one-line stub with a pointer."""
-    return _mark(history, policy, need, "stub")
+# --- what the digest rungs read of the turns they cover ----------------------------------------
 
 
 def turns(entries: Sequence[Entry]) -> list[int]:

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from actors.context.history import Digest, History, View, entry, slim
+from actors.context.rungs import SLIMMED
 from actors.tools.notes import StoreNotes
 from eventstore import EventStore
 
@@ -21,7 +22,6 @@ _JSON = msgspec.json.Decoder(Any)
 _VIEW, _LAST_END = 0, 1
 """The kinds of sql/history.sql's rows besides the history's own (2)."""
 _BADLY = {"max_steps", "timeout", "output_limit", "truncated", "error"}
-_SLIM = {"dedupe", "stub"}
 
 
 async def load(
@@ -51,7 +51,7 @@ async def load(
         else:
             entries.append(entry(a, start, b, _JSON.decode(c)))
     # The bodies of results shown as stubs are not kept (the view never shows them again).
-    entries = [slim(e) if view.marks.get(e.obs_id or "") in _SLIM else e for e in entries]
+    entries = [slim(e) if view.marks.get(e.obs_id or "") in SLIMMED else e for e in entries]
     present = {e.obs_id for e in entries if e.obs_id is not None}
     if any(k not in present for k in view.marks):
         view = View(digest=view.digest, marks={k: v for k, v in view.marks.items() if k in present})

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STAGES = ("excerpt", "dedupe", "stub", "digest", "reset")
-"""The ladder's rungs, in the order they run (least information lost first)."""
-DEFAULT_THRESHOLDS = (0.60, 0.70, 0.80, 0.88, 0.95)
-FLOOR_MARGIN = 0.05
-"""Below the first rung's threshold, the first rung compacts down to this much less."""
+from actors.context.rungs import DEFAULT_THRESHOLDS
 
 
 @dataclass(frozen=True)
@@ -18,7 +14,8 @@ class ContextPolicy:
     reserve_output: int = 4096
     """Tokens kept free for the reply."""
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
-    """Fractions of the prompt budget at which each stage of :data:`STAGES` starts."""
+    """Fractions of the prompt budget at which each rung starts, in the order of
+    :data:`actors.context.rungs.RUNGS`."""
     excerpt_over: int = 1000
     """excerpt: tool results bigger than this many tokens are cut to a head and a tail..."""
     excerpt_keep: int = 300

@@ -15,9 +15,9 @@ from importlib import resources
 from typing import Any
 
 from actors.agent import Agent
+from actors.context import rungs
 from actors.context.assemble import assemble
-from actors.context.compact import digest_of
-from actors.context.history import Entry, History, after_stage, entry
+from actors.context.history import Entry, History, entry
 from actors.context.load import last_error_line
 from actors.tools import notes as session_notes
 from actors.turn.core import TurnState, apply
@@ -60,7 +60,7 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
         if isinstance(data, TurnAttempt) or (isinstance(data, TurnStart) and data.attempt):
             history.notes = _notes_before(session, event.position)
         elif isinstance(data, CompactionStage):
-            _apply_stage(history, data)
+            rungs.replay(history, data)
         elif _request(data):
             built = assemble(agent.pinned, history, state.input, state.transcript,
                              agent.context.excerpt_keep)  # fmt: skip
@@ -145,7 +145,7 @@ def _history_before(
                 stages.append((event.position, event.data))
     history.entries = entries
     for _, stage in sorted(stages, key=lambda s: s[0]):
-        _apply_stage(history, stage)
+        rungs.replay(history, stage)
     if earlier:
         end = ends[earlier[-1][1]]
         error = end.error
@@ -166,14 +166,6 @@ def _forked(
             return [entry(m.turn_id, fork_starts.get(m.turn_id, event.position), m.role, m.content)
                     for m in data.messages]  # fmt: skip
     return []
-
-
-def _apply_stage(history: History, stage: CompactionStage) -> None:
-    digest = digest_of(stage)
-    history.view = after_stage(history.view, stage.stage, stage.ids, digest,
-                               stage.kept)  # type: ignore[arg-type]  # fmt: skip
-    if digest is not None:
-        history.entries = [e for e in history.entries if e.start > digest.through]
 
 
 def _notes_before(session: list[RecordedEvent], position: int) -> tuple[str, ...]:

@@ -8,7 +8,7 @@ from actors.agent import Agent
 from actors.context import ladder
 from actors.context.assemble import assemble
 from actors.context.history import History
-from actors.context.policy import STAGES
+from actors.context.rungs import MARKS, STAGES
 from actors.messages import (
     Compacted,
     ContextBlock,
@@ -47,8 +47,7 @@ def session_context(
         breakpoints=built.breakpoints if text else built.breakpoints - 1,  # the input's
         history=HistoryCounts(
             turns=len(ladder.turns(history.entries)), messages=len(history.entries),
-            compacted=Compacted(excerpt=marks.count("excerpt"), dedupe=marks.count("dedupe"),
-                                stub=marks.count("stub")),
+            compacted=Compacted(**{name: marks.count(name) for name in MARKS}),
         ),
         digest=None if digest is None else DigestInfo(
             source=digest.source, turns=digest.turns, requests=len(digest.requests),

@@ -1,5 +1,10 @@
 """The session context projection: each session's sticky compaction view (its newest digest and
-the marks on the tool results after it), folded from ``compaction.stage``."""
+the marks on the tool results after it), folded from ``compaction.stage``.
+
+It names no rung (they are declared in actors/context/rungs.py, above this layer): a stage's
+event says what it did. ``ids`` are the tool results a marking rung marked, each marked with the
+stage's name; a stage that wrote a digest (``changed``, with its ``text``) replaces the view. A
+test runs every rung of the registry through this fold."""
 
 from __future__ import annotations
 
@@ -10,8 +15,6 @@ from psycopg.types.json import Jsonb
 from eventstore.catalogue import CompactionStage, SessionCleared
 from eventstore.envelope import RecordedEvent
 from eventstore.projector import Statement
-
-_MARKS = {"excerpt", "dedupe", "stub"}
 
 
 class SessionContextProjection:
@@ -28,7 +31,7 @@ class SessionContextProjection:
             case SessionCleared():
                 return [("DELETE FROM session_context WHERE agent_id = %s AND session_key = %s",
                          key)]  # fmt: skip
-            case CompactionStage(stage=stage, ids=ids) if stage in _MARKS and ids:
+            case CompactionStage(stage=stage, ids=ids) if ids:
                 marks = Jsonb(dict.fromkeys(ids, stage))
                 return [
                     (
@@ -40,7 +43,7 @@ class SessionContextProjection:
                         [*key, marks, event.position],
                     )
                 ]
-            case CompactionStage(stage="digest" | "reset", changed=True, text=str()) as done:
+            case CompactionStage(changed=True, text=str()) as done:
                 digest = {"text": done.text, "source": done.digest or "mechanical",
                           "through": done.through or 0, "turns": done.turns,
                           "requests": done.requests or [], "archived": done.archived}  # fmt: skip
