@@ -18,7 +18,9 @@ import math
 import re
 from typing import Any
 
+from actors.context.rungs import STAGES
 from eventstore.errors import DispachError
+from gateways.channels import KINDS as CHANNEL_KINDS
 
 __all__ = ["API_VERSION", "V1ManifestError", "is_v1", "translate"]
 
@@ -48,11 +50,13 @@ _ROLE_FIELDS = {
 }
 _CONTEXT_FIELDS = {
     "thresholds": "the original's stages (trim, snip, micro, collapse, reset) are not ours "
-    "(context.thresholds: excerpt, dedupe, stub, digest, reset); our defaults apply",
+    f"(context.thresholds: {', '.join(STAGES)}); our defaults apply",
     "budgets": "workspace budgets have no equivalent (workspace files are not read)",
     "rules": "the rule-count guard has no equivalent",
     "compactionNotice": "our configuration block always says that compaction is automatic",
 }
+_OURS = " and ".join(kind.type for kind in CHANNEL_KINDS)
+"""The channel kinds a manifest of ours may declare, for the note on one of the original's."""
 _WORKSPACE_FIELDS = ("workspace", "static", "volatile", "reminder", "soul", "files")
 
 
@@ -344,7 +348,7 @@ def _channels(channels: list[Any], notes: list[str]) -> list[dict[str, Any]]:
         where = f"channels[{index}]"
         if not isinstance(channel, dict) or channel.get("type") != "telegram":
             kind = channel.get("type") if isinstance(channel, dict) else channel
-            notes.append(f"{where}: a {kind} channel is not supported (telegram and webhook are)")
+            notes.append(f"{where}: a {kind} channel is not supported ({_OURS} are)")
             continue
         ours.append(
             {"type": "telegram", **{fields[k]: v for k, v in channel.items() if k in fields}}

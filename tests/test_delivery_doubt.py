@@ -22,9 +22,8 @@ from actors.outbox import Outbound, SendResult
 from actors.outbox.plan import Item, settle
 from eventstore import RecordedEvent
 from eventstore.catalogue import DeliveryRetry, DeliverySent, DeliveryUncertain
-from gateways.channels.config import TelegramConfig, WebhookConfig
-from gateways.channels.telegram import TelegramChannel
-from gateways.channels.webhook import WebhookChannel
+from gateways.channels.telegram import TelegramChannel, TelegramConfig
+from gateways.channels.webhook import WebhookChannel, WebhookConfig
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes.telegram_server import FakeTelegram
 from tests.fakes.webhook_receiver import WebhookReceiver

@@ -1,14 +1,7 @@
-"""Delivery channels: the transports behind the outbox (and, for chat, inbound messages)."""
+"""Delivery channels: the transports behind the outbox (and, for chat, inbound messages). Each
+kind is one module and one entry in :data:`kinds.KINDS`."""
 
-from gateways.channels.config import ChannelConfig, TelegramConfig, WebhookConfig, build
-from gateways.channels.telegram import TelegramChannel
-from gateways.channels.webhook import WebhookChannel
+from gateways.channels.config import ChannelError, ChannelKind, ChannelSettings
+from gateways.channels.kinds import KINDS, ChannelConfig, build
 
-__all__ = [
-    "ChannelConfig",
-    "TelegramChannel",
-    "TelegramConfig",
-    "WebhookChannel",
-    "WebhookConfig",
-    "build",
-]
+__all__ = ["KINDS", "ChannelConfig", "ChannelError", "ChannelKind", "ChannelSettings", "build"]

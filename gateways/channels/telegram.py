@@ -24,15 +24,16 @@ import contextlib
 import hmac
 import logging
 import re
-from collections.abc import Callable
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
 
 import httpx2
+import msgspec
 import structlog
 
 from actors.outbox import Inbound, InboundMessage, Outbound, SendResult, utf16_len
 from eventstore import subjects
-from gateways.channels.config import TelegramConfig
+from gateways.channels.config import ChannelError, ChannelKind, ChannelSettings, secret
 
 log = structlog.get_logger("dispach.telegram")
 
@@ -52,6 +53,38 @@ may come after Telegram read the request: in doubt."""
 _FRONT = frozenset({502, 503, 504})
 """What nginx in front of the Bot API answers when the API behind it is away: nothing was sent.
 Any other 5xx is the API's own, which may come after the message went out."""
+
+
+class TelegramConfig(ChannelSettings, frozen=True, kw_only=True, tag="telegram",
+                     tag_field="type"):  # fmt: skip
+    token_env: str = "TELEGRAM_BOT_TOKEN"  # noqa: S105 - the name of a variable
+    mode: Literal["longpoll", "webhook"] = "longpoll"
+    secret_token_env: str | None = None
+    """webhook mode: the variable holding the secret Telegram echoes in
+    ``X-Telegram-Bot-Api-Secret-Token`` (required in webhook mode)."""
+    api_base_url: str = "https://api.telegram.org"
+    allow_from: list[str] = msgspec.field(default_factory=list)
+    """Who may talk to the agent: user ids, ``@usernames``, or ``"*"`` for anyone. Closed by
+    default: a sender not listed is refused (``channel.rejected``, with the line to add)."""
+    poll_timeout_s: Annotated[int, msgspec.Meta(ge=0, le=50)] = 25
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=55)] = 30.0
+    """How long a ``sendMessage`` may take; past it the send is in doubt (it may have been
+    delivered), not retried blindly. Under the outbox's own 60 s cut."""
+
+
+def build(agent_id: str, config: TelegramConfig, env: Mapping[str, str]) -> TelegramChannel:
+    token = secret(agent_id, config.id, config.token_env, env)
+    webhook_secret = None
+    if config.mode == "webhook":
+        if config.secret_token_env is None:
+            raise ChannelError(
+                f"agent {agent_id!r}: channel {config.id!r} takes webhooks without a secret token",
+                "set secret_token_env to a variable holding a random string; Telegram sends it "
+                "back with every update so forged updates are refused",
+                field="channels.secret_token_env",
+            )
+        webhook_secret = secret(agent_id, config.id, config.secret_token_env, env)
+    return TelegramChannel(config, token, webhook_secret)
 
 
 class TelegramError(Exception):
@@ -320,3 +353,7 @@ def _classify(error: TelegramError) -> SendResult:
         error=error.description,
         retry_after_s=error.retry_after if status == 429 else None,
     )
+
+
+KIND = ChannelKind(TelegramConfig, build)
+"""Inbound: a long poll on one node at a time (``singleton``), or Telegram's webhook."""

@@ -19,13 +19,25 @@ import hmac
 import time
 from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import aiohttp
 import msgspec
 
 from actors.outbox import Inbound, Outbound, SendResult
-from gateways.channels.config import WebhookConfig
+from gateways.channels.config import ChannelKind, ChannelSettings, secret
+
+
+class WebhookConfig(ChannelSettings, frozen=True, kw_only=True, tag="webhook", tag_field="type"):
+    url: str
+    secret_env: str = "DISPACH_WEBHOOK_SECRET"  # noqa: S105 - the name of a variable
+    max_message_chars: Annotated[int, msgspec.Meta(ge=64)] = 100_000
+    timeout_s: Annotated[float, msgspec.Meta(gt=0, le=120)] = 10.0
+    concurrency: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
+
+
+def build(agent_id: str, config: WebhookConfig, env: Mapping[str, str]) -> WebhookChannel:
+    return WebhookChannel(config, secret(agent_id, config.id, config.secret_env, env))
 
 
 class _Chunk(msgspec.Struct, frozen=True):
@@ -174,3 +186,7 @@ def _retry_after(value: str | None) -> float | None:
         return max(parsedate_to_datetime(value).timestamp() - time.time(), 0.0)
     except (TypeError, ValueError):
         return None
+
+
+KIND = ChannelKind(WebhookConfig, build)
+"""Outbound only: it takes no messages in."""
