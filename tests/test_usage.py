@@ -146,9 +146,10 @@ def check_costs(written: list[tuple[str, list[NewEvent]]], by_model: dict[str, A
                 bucket["costReason"])  # fmt: skip
             continue
         uncached = sum(c.prompt_tokens - c.cache_read_tokens - c.cache_write_tokens for c in calls)
+        read, write = price.cache_read or price.input, price.cache_write or price.input
         tokens = (uncached * price.input + sum(c.output_tokens for c in calls) * price.output
-                  + sum(c.cache_read_tokens for c in calls) * (price.cache_read or price.input)
-                  + sum(c.cache_write_tokens for c in calls) * (price.cache_write or price.input))  # fmt: skip
+                  + sum(c.cache_read_tokens for c in calls) * read
+                  + sum(c.cache_write_tokens for c in calls) * write)  # fmt: skip
         expected = tokens / 1e6 + searches * price.server_tools.get("web_search_requests", 0.0)
         assert bucket["costUsd"] == pytest.approx(expected, abs=1e-5)
 
