@@ -49,7 +49,7 @@ def lines(path: Path) -> list[str]:
 async def _dead(pid: int) -> bool:
     """No such process, or only its zombie (nobody may reap it in a container)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = await asyncio.to_thread(Path(f"/proc/{pid}/stat").read_text)
     except FileNotFoundError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")

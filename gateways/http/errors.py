@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
 from typing import Literal
 
 import msgspec
@@ -59,8 +58,11 @@ async def deny(
     start: Message = {
         "type": "http.response.start",
         "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)),
-                    *headers],  # fmt: skip
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            *headers,
+        ],
     }
     if scope["type"] == "websocket":
         if "websocket.http.response" in scope.get("extensions", {}):

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
         if os.getppid() == 1:  # the node died between the fork and the prctl
             raise SystemExit(1)
     try:
-        os.execvp(argv[0], argv)
+        os.execvp(argv[0], argv)  # noqa: S606 - the operator's command, as the manifest names it
     except OSError as e:
         sys.stderr.write(f"dispach: cannot start MCP server {argv[0]!r}: {e.strerror}\n")
         raise SystemExit(127) from e
