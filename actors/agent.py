@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from actors.budget import Budget
 from actors.context.assemble import Pinned
 from actors.context.compact import Digester
 from actors.context.policy import ContextPolicy
@@ -42,3 +43,5 @@ class Agent:
     truncation: Literal["end", "retry"] = "end"
     """What a reply cut off by the per-call output limit does: end the turn ``truncated``, or
     go once more with twice the budget."""
+    budget: Budget = field(default_factory=Budget)
+    """The manifest's daily limits (``limits.daily_cost_usd``, ``limits.daily_tokens``)."""

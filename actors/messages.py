@@ -82,6 +82,8 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True):
     message: str
     hint: str
     field: str | None = None
+    retry_after: float | None = None
+    """Seconds after which the same command may succeed (a budget's reset), when known."""
 
 
 MAX_DEPTH = 64

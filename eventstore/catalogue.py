@@ -243,6 +243,9 @@ class ModelResult(Event, frozen=True):
     discarded: bool = False
     server_tool_requests: dict[str, int] | None = None
     """Server tool uses the provider counted for this call (``webSearchRequests``: 2)."""
+    model: str | None = None
+    """The model that answered (its ``model.call``'s), so that the call's usage can be priced
+    without pairing events; None in logs written before it was recorded."""
 
 
 class ToolCall(Event, frozen=True):

@@ -23,6 +23,7 @@ import structlog
 import yaml
 
 from actors.agent import Agent
+from actors.budget import Budget
 from actors.context.compact import Digester
 from actors.context.policy import ContextPolicy
 from actors.context.rungs import STAGES
@@ -112,7 +113,9 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
         id=manifest.id,
         name=manifest.name or manifest.id,
         model=model,
-        model_id=manifest.model.id,
+        # The scripted model answers whatever id the manifest names (``auto`` without a key
+        # falls back to it): the record says which model really answered.
+        model_id="scripted" if provider.name == "scripted" else manifest.model.id,
         max_tokens_per_call=manifest.model.max_output_tokens,
         pinned=pinned,
         tools=registry,
@@ -132,6 +135,7 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
         digester=_digester(manifest, env),
         reasoning=providers.reasoning(manifest.model, env, manifest.id),
         truncation=manifest.model.truncation,
+        budget=Budget(daily_cost_usd=limits.daily_cost_usd, daily_tokens=limits.daily_tokens),
     )
     check_schedules(manifest, agent.channels)
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,

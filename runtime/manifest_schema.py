@@ -46,6 +46,12 @@ class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_tool_output_chars: Positive = 16_000
     approval_timeout_s: Seconds = 3600.0
     untrusted_on_mutate: Literal["ask", "deny", "allow"] = "ask"
+    daily_cost_usd: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    """New turns are refused (``budget_exhausted``) once the agent's calls of the current UTC
+    day cost this much, by the price table."""
+    daily_tokens: Positive | None = None
+    """New turns are refused once the agent's calls of the current UTC day read and wrote
+    this many tokens (prompt, cache included, plus output)."""
 
 
 Fraction = Annotated[float, msgspec.Meta(gt=0, lt=1)]

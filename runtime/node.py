@@ -22,9 +22,10 @@ import pykka
 import structlog
 import uvicorn
 
-from actors import tracing
+from actors import prices, tracing
 from actors.actor import ask
 from actors.agent import Agent
+from actors.budget import Budget, Budgets
 from actors.channels import ChannelHost
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
@@ -103,6 +104,8 @@ class Node:
         self._phase = "starting"
         self._started = time.monotonic()
         self.accept_timeout = settings.accept_timeout_seconds
+        self.prices = prices.load(os.environ)
+        """The price table usage is costed with (actors/prices.py; a bad override fails here)."""
 
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
@@ -226,6 +229,7 @@ class Node:
         self.commands = Commands(
             self.engine, ownership, self.nc,
             wait_seconds=min(self.accept_timeout, self.settings.lease_ttl_seconds + 2),
+            admit=Budgets(store, self.prices, self._budget_of).admit,
         )  # fmt: skip
         await self.commands.listen()
         self._ingress = Ingress(self.nc, set(self.agents), self.commands)
@@ -305,6 +309,10 @@ class Node:
             for agent_id, m in self._manifests.items()
         })  # fmt: skip
         self._details = {a.id: agent_detail(a) for a in self.agents.values()}
+
+    def _budget_of(self, agent_id: str) -> Budget | None:
+        agent = self.agents.get(agent_id)
+        return agent.budget if agent is not None else None
 
     def _sources_of(self, agent_id: str) -> list[ToolSource]:
         """The agent's live sources, kind after kind."""

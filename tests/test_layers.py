@@ -47,6 +47,7 @@ def test_every_package_imports_only_the_layers_below_it() -> None:
 GATEWAYS_MAY_IMPORT = frozenset({
     "actors.messages", "actors.actor", "actors.inflight", "actors.model", "actors.outbox",
     "actors.schedule.plan", "actors.tools", "actors.idempotency", "actors.tracing",
+    "actors.prices", "actors.usage",
 })  # fmt: skip
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -43,6 +44,15 @@ mcp_servers:
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+async def _dead(pid: int) -> bool:
+    """No such process, or only its zombie (nobody may reap it in a container)."""
+    try:
+        stat = await asyncio.to_thread(Path(f"/proc/{pid}/stat").read_text)
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def end_kits(record: Path) -> None:
@@ -86,6 +96,8 @@ async def test_kill_9_during_two_mcp_calls_then_restart(
         first.send_signal(signal.SIGKILL)
         await asyncio.to_thread(first.wait, 10)
         (first_kit,) = lines(record / "pids.log")
+        # The killed node's MCP server does not outlive it (it dies with its parent).
+        await wait_for(functools.partial(_dead, int(first_kit)), 10, "the first node's kit to end")
 
         events = await resumed(env, log, store, accepted.turn_id)
     finally:

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from actors.prices import PriceTable
 from eventstore import INLINE, EventStore, Fenced, Metadata, NewEvent
 from eventstore.catalogue import (
     ApprovalRequested,
@@ -37,6 +38,7 @@ from eventstore.projections.turns import turn_row
 from gateways.api.common import sql
 from gateways.api.schemas import TurnResource
 from gateways.api.turns import turn_in_memory, turn_resource
+from gateways.api.usage import priced
 from tests.conftest import ApiServer
 from tests.test_api_http import client_of, ended, post
 from tests.test_stream_reasoning import call, thinking_turn
@@ -132,6 +134,9 @@ async def stored(api: ApiServer, turn_id: str) -> TurnResource:
 
 
 def as_json(resource: TurnResource | dict[str, Any]) -> Any:
+    """As served: a resource is priced by the node's price table (the default one here)."""
+    if isinstance(resource, TurnResource):
+        resource = priced(resource, PriceTable())
     return msgspec.json.decode(msgspec.json.encode(resource))
 
 

@@ -84,6 +84,7 @@ class Commands:
         nc: nats.aio.client.Client,
         *,
         wait_seconds: float,
+        admit: Callable[[Submit], Awaitable[Refused | None]] | None = None,
     ) -> None:
         self._engine = engine
         self._own = ownership
@@ -94,10 +95,19 @@ class Commands:
         self._sub: nats.aio.subscription.Subscription | None = None
         self._inflight = InFlight()
         self._pending: set[asyncio.Future[Reply]] = set()
+        self._admit = admit
+        """Asked before a message is routed (actors/budget.py): a refusal is the answer."""
 
     # --- the doors call these ---------------------------------------------------------------------
 
     async def submit(self, submit: Submit, timeout: float = 30.0) -> Accepted | Refused:
+        if self._admit is not None:
+            try:
+                refused = await self._admit(submit)
+            except StoreError as e:
+                return Refused(code=e.code, message=e.message, hint=e.hint)
+            if refused is not None:
+                return refused
         partition = self._own.partition(submit.agent_id, submit.session_key)
         reply = await self._route(partition, "submit", submit, timeout)
         if reply.accepted is not None:

@@ -322,7 +322,9 @@ def kept_content(content: list[dict[str, Any]], stop_reason: str) -> list[dict[s
     ]
 
 
-def model_result(completed: Completed, latency_s: float, *, discarded: bool) -> ModelResult:
+def model_result(
+    completed: Completed, latency_s: float, *, discarded: bool, model: str | None = None
+) -> ModelResult:
     """The ``model.result`` of a call: its reply as it enters the conversation (a reply the turn
     sends again, ``discarded``, enters nothing: no content, no text)."""
     usage = completed.usage
@@ -341,6 +343,7 @@ def model_result(completed: Completed, latency_s: float, *, discarded: bool) -> 
         content=None if discarded else content,
         discarded=discarded,
         server_tool_requests=usage.server_tool_requests or None,
+        model=model,
     )
 
 

@@ -143,11 +143,15 @@ class Caller:
             )
             if not retry_truncated(self.journal.state, completed.stop_reason, agent.truncation,
                                    max_tokens, larger):  # fmt: skip
-                result = model_result(completed, self.latency, discarded=False)
+                result = model_result(
+                    completed, self.latency, discarded=False, model=agent.model_id
+                )
                 self.journal.stage([result, *server_tools.events(result.content or [])])
                 self.in_call = False
                 return completed
-            self.journal.stage([model_result(completed, self.latency, discarded=True)])
+            self.journal.stage(
+                [model_result(completed, self.latency, discarded=True, model=agent.model_id)]
+            )
             self.in_call = False
             log.info("reply_truncated_retry", turn=self.turn_id, max_tokens=larger)
             max_tokens = larger

@@ -1,6 +1,6 @@
 """The read models Dispach serves, as projections of the log (eventstore/projector.py runs
-them): turns, sessions and messages, the outbox, schedules, approvals and each session's context
-view."""
+them): turns, sessions and messages, the outbox, schedules, approvals, each session's context
+view and the usage meter."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from eventstore.projections.outbox import OutboxProjection
 from eventstore.projections.schedules import SchedulesProjection
 from eventstore.projections.sessions import MessagesProjection, SessionsProjection
 from eventstore.projections.turns import TurnsProjection
+from eventstore.projections.usage import UsageProjection
 from eventstore.projector import Projection
 
 INLINE: tuple[Projection, ...] = (
@@ -20,6 +21,7 @@ INLINE: tuple[Projection, ...] = (
     SchedulesProjection(),
     ApprovalsProjection(),
     SessionContextProjection(),
+    UsageProjection(),
 )
 # Projections nobody reads right after a write run asynchronously (ProjectionRunner). `sessions`
 # was one, but a runner costs the event loop a read and a checkpoint commit per wake-up, measured

@@ -59,6 +59,8 @@ def call_usage(result: ModelResult) -> dict[str, Any]:
     }
     if result.server_tool_requests:
         usage["serverToolRequests"] = result.server_tool_requests
+    if result.model is not None:
+        usage["model"] = result.model
     return usage
 
 

@@ -6,6 +6,7 @@ caller, its agent, its body, its query parameters; the projection queries' SQL (
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from importlib import resources
 from typing import Any, Protocol
@@ -16,6 +17,7 @@ from starlette.requests import HTTPConnection, Request
 
 from actors.messages import TOO_DEEP, ClusterStatus, CommandPath, Refused, too_deep
 from actors.outbox import Channel
+from actors.prices import PriceTable
 from eventstore import Checkpoint, EventStore, InvalidCursor, StoreError
 from eventstore.feed import Feed
 from gateways import ingress
@@ -43,6 +45,8 @@ class Runtime(Protocol):
         """The one command path to the sessions' owners (None until the node is ready)."""
         ...
 
+    prices: PriceTable
+    """What model calls cost (actors/prices.py): usage and the turn resource are priced by it."""
     accept_timeout: float
     """Seconds ``POST …/messages`` waits for its session's acceptance (gateways/api/acceptance.py
     says what a client is told after that)."""
@@ -107,12 +111,15 @@ _STATUS = {
     "store_closed": 503,
     "accept_timeout": 504,
     "command_timeout": 504,
+    "budget_exhausted": 429,
 }
 
 
 def refused(r: Refused) -> ApiError:
     status = _STATUS.get(r.code, 400 if r.field is not None else 503)
     headers = {"Retry-After": "1"} if r.code == "session_moving" else None
+    if r.retry_after is not None:
+        headers = {"Retry-After": str(math.ceil(r.retry_after))}
     return ApiError(status, r.code, r.message, r.hint, r.field, headers=headers)
 
 

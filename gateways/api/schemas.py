@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from actors.usage import Bucket
 from eventstore import WireEvent
 from eventstore.catalogue import Deliver, Sender
 
@@ -75,6 +76,11 @@ class CallUsage(_Body, frozen=True):
     cache_write_tokens: int
     latency_ms: int
     finish_reason: str
+    model: str | None = None
+    """The model that answered; None for calls logged before ``model.result`` named it."""
+    server_tool_requests: dict[str, int] = msgspec.field(default_factory=dict)
+    cost_usd: float | None = None
+    """What the call cost by the node's price table; None when it cannot be known."""
 
 
 class TurnResource(_Body, frozen=True):
@@ -98,6 +104,9 @@ class TurnResource(_Body, frozen=True):
     cache_read_tokens: int
     cache_write_tokens: int
     started_at: datetime
+    cost_usd: float | None
+    """What the turn's model calls cost by the node's price table (``calls`` item by item);
+    None when a call's model has no price, ``costReason`` then says which."""
     error_code: str | None = None
     error_message: str | None = None
     error_hint: str | None = None
@@ -112,6 +121,7 @@ class TurnResource(_Body, frozen=True):
     archive``): this resource still answers, its events and stream answer ``410
     cursor_archived`` until ``dispach log restore`` of ``archive_id``."""
     archive_id: str | None = None
+    cost_reason: str | None = None
 
 
 class TurnPage(_Body, frozen=True):
@@ -347,3 +357,16 @@ class Ready(_Body, frozen=True):
     warnings: list[str] = msgspec.field(default_factory=list)
     """Ready, but serving less well than it should: e.g. an append left open (live streams wait
     for it) or a transaction holding vacuum back, named by pid and age."""
+
+
+class UsagePage(_Body, frozen=True):
+    """``GET /v1/usage``: the usage meter's calls in ``[from, to)`` grouped by ``by``, each
+    bucket with its cost by the node's price table (None, with ``costReason``, when a model
+    in it has no price)."""
+
+    by: list[str]
+    buckets: list[Bucket]
+    from_: datetime | None = msgspec.field(default=None, name="from")
+    to: datetime | None = None
+    truncated: bool = False
+    """More buckets matched than the page holds (10,000): narrow the range or the grouping."""

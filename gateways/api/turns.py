@@ -50,12 +50,14 @@ from gateways.api.schemas import (
     TurnPage,
     TurnResource,
 )
+from gateways.api.usage import priced
 from gateways.http.errors import json_response
 
 STATUSES: tuple[str, ...] = ("running", *typing.get_args(EndReason))
 
 
-_TURN_COLUMNS = [f for f in TurnResource.__struct_fields__ if f not in ("archived", "archive_id")]
+_TURN_COLUMNS = [f for f in TurnResource.__struct_fields__
+                 if f not in ("archived", "archive_id", "cost_usd", "cost_reason")]  # fmt: skip
 
 
 def turn_resource(row: tuple[Any, ...]) -> TurnResource:
@@ -63,7 +65,7 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     fields = dict(zip(_TURN_COLUMNS, row, strict=True))
     fields["deliveries"] = msgspec.convert(fields["deliveries"], list[DeliveryInfo])
     fields["calls"] = msgspec.convert(fields["calls"], list[CallUsage])
-    return TurnResource(**fields)
+    return TurnResource(**fields, cost_usd=None)
 
 
 def turn_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
@@ -82,7 +84,7 @@ def turn_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
         if row is None or (row["status"] == "running" and feed.whole(turn_id) is None):
             return None
     row["calls"] = msgspec.convert(row["calls"], list[CallUsage])
-    return TurnResource(**row)
+    return TurnResource(**row, cost_usd=None)
 
 
 async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None) -> TurnResource:
@@ -102,7 +104,7 @@ async def load_turn(request: HTTPConnection, turn_id: str, agent_id: str | None)
             "check the turnId returned by POST .../messages",
             "turnId",
         )
-    return turn
+    return priced(turn, runtime(request).prices)
 
 
 async def post_message(request: Request) -> Response:
@@ -219,7 +221,8 @@ async def list_turns(request: Request) -> Response:
             "limit": limit,
         },
     )
-    turns = [turn_resource(r) for r in rows]
+    prices = runtime(request).prices
+    turns = [priced(turn_resource(r), prices) for r in rows]
     return json_response(
         TurnPage(turns=turns, next_before=turns[-1].turn_id if len(turns) == limit else None)
     )

@@ -28,6 +28,7 @@ from gateways.api import (
     schedules,
     sessions,
     turns,
+    usage,
 )
 from gateways.api.common import ApiError, Runtime
 from gateways.api.schemas import Health, Ready
@@ -125,6 +126,8 @@ def create_app(
         Route(agent + "/context", context.session_context, methods=["GET"]),
         Route(agent + "/approvals", approvals.list_approvals, methods=["GET"]),
         Route(agent + "/deliveries", deliveries.list_deliveries, methods=["GET"]),
+        Route(agent + "/usage", usage.agent_usage, methods=["GET"]),
+        Route("/v1/usage", usage.usage, methods=["GET"]),
         Route(agent + "/approvals/{approval}", approvals.decide, methods=["POST"]),
         _methods(
             agent + "/schedules", GET=schedules.list_schedules, POST=schedules.create_schedule

@@ -121,11 +121,13 @@ class Guard:
         if stream_token is not None:
             refusal = self._stream_refusal(scope, stream_token, state)
             if refusal is not None:
-                await deny(scope, send, *refusal)
+                unauthorized = refusal[0] == 401
+                await deny(scope, send, *refusal, [challenge(refused=True)] if unauthorized else [])
                 return
             await self.app(scope, receive, send)
             return
-        principal = self.tokens.principal(_presented(scope, query))
+        presented = _presented(scope, query)
+        principal = self.tokens.principal(presented)
         if principal is None and not _open(path):
             await deny(
                 scope,
@@ -136,6 +138,7 @@ class Guard:
                 "send `Authorization: Bearer <token>` (for a WebSocket: the header, or "
                 f'the subprotocols ["{SUBPROTOCOL}", <token>]; for a stream in a browser: a '
                 "stream token as ?st=)",
+                [challenge(refused=presented is not None)],
             )
             return
         state["principal"] = principal or EVERYONE
@@ -160,6 +163,19 @@ class Guard:
             return (401, grant.code, grant.message, grant.hint)
         state["principal"] = Principal(frozenset({grant.agent}), stream=grant)
         return None
+
+
+REALM = "dispach"
+
+
+def challenge(*, refused: bool) -> tuple[bytes, bytes]:
+    """The ``WWW-Authenticate`` every 401 carries (RFC 9110 11.6.1): the Bearer scheme of RFC
+    6750, with ``error="invalid_token"`` when a token was sent and refused. MCP clients read it
+    on ``/v1/mcp``. No ``resource_metadata`` (RFC 9728): the MCP authorization flow it points
+    to is OAuth, and this node's tokens are issued by its operator, not by an authorization
+    server a client could discover."""
+    value = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if refused else "")
+    return (b"www-authenticate", value.encode())
 
 
 STREAM_READ_ONLY_HINT = "a stream token only reads streams; send the API token for anything else"

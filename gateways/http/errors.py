@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import msgspec
@@ -46,7 +47,10 @@ def json_response(value: object, status: int = 200) -> Response:
     return Response(_ENCODER.encode(value), status, media_type="application/json")
 
 
-async def deny(scope: Scope, send: Send, status: int, code: str, message: str, hint: str) -> None:
+async def deny(
+    scope: Scope, send: Send, status: int, code: str, message: str, hint: str,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:  # fmt: skip
     """Answer a request with the error envelope before it reaches a route (an ASGI middleware's
     refusal). A WebSocket is refused before its upgrade: with the envelope where the server
     supports the denial-response extension (uvicorn does), else with close code 1008."""
@@ -54,7 +58,11 @@ async def deny(scope: Scope, send: Send, status: int, code: str, message: str, h
     start: Message = {
         "type": "http.response.start",
         "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))],
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            *headers,
+        ],
     }
     if scope["type"] == "websocket":
         if "websocket.http.response" in scope.get("extensions", {}):

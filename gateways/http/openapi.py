@@ -40,6 +40,7 @@ from gateways.api.schemas import (
     ToolInfo,
     TurnPage,
     TurnResource,
+    UsagePage,
 )
 from gateways.api.turns import STATUSES
 from gateways.http.errors import ErrorEnvelope
@@ -78,6 +79,7 @@ _TYPES: tuple[Any, ...] = (
     ToolInfo,
     TurnPage,
     TurnResource,
+    UsagePage,
     WireEvent,
     ErrorEnvelope,
     list[AgentInfo],
@@ -234,6 +236,22 @@ EVENTS_LIMIT = _param(
     "limit", "query", "Page size", {"type": "integer", "minimum": 1, "maximum": 10_000},
     required=False,
 )  # fmt: skip
+INSTANT = r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?)?$"
+USAGE_RANGE = [
+    _param(name, "query", f"{what} (ISO 8601 instant, or a date: its UTC midnight)",
+           {"type": "string", "pattern": INSTANT}, required=False)
+    for name, what in (("from", "From, inclusive"), ("to", "To, exclusive"))
+]  # fmt: skip
+
+
+def _usage_by(groups: tuple[str, ...]) -> dict[str, Any]:
+    keys = "|".join(groups)
+    return _param(
+        "by", "query", f"Comma-separated keys to group by, each once: {', '.join(groups)}",
+        {"type": "string", "pattern": f"^({keys})(,({keys}))*$"}, required=False,
+    )  # fmt: skip
+
+
 # One SSE frame, as schemathesis and other tools parse them.
 SSE_FRAME = {
     "type": "object",
@@ -606,6 +624,23 @@ def _paths() -> dict[str, Any]:
                     _param("sessionKey", "query", "Only this session's items", required=False),
                     LIMIT,
                 ],
+            )
+        },
+        agent + "/usage": {
+            "get": _op(
+                "One agent's usage and cost over [from, to), grouped by model, session or day",
+                {"200": _json(_ref(UsagePage), "Usage buckets")},
+                params=[AGENT, _usage_by(("model", "session", "day")), *USAGE_RANGE],
+            )
+        },
+        "/v1/usage": {
+            "get": _op(
+                "Usage and cost of the agents' model calls over [from, to), grouped by agent, "
+                "model, session or day; cost by the node's price table, null with costReason "
+                "when a model has no price",
+                {"200": _json(_ref(UsagePage), "Usage buckets")},
+                params=[_usage_by(("agent", "model", "session", "day")), *USAGE_RANGE],
+                errors=("400", "401"),
             )
         },
         agent + "/approvals": {

@@ -49,8 +49,9 @@ async def stdio_transport(
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Start ``server`` and yield the (read, write) streams the SDK's session takes; stop it
     when the block ends."""
+    # Through the launcher, so that the server dies with this node (gateways/mcp/orphan.py).
     process = await anyio.open_process(
-        [server.command, *server.args],
+        [sys.executable, "-m", "gateways.mcp.orphan", server.command, *server.args],
         env=get_default_environment() | dict(server.env),
         cwd=server.cwd,
         stderr=sys.stderr,

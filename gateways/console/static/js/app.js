@@ -45,18 +45,23 @@ async function show() {
   const [match, view, names] = found;
   const params = { query };
   names.forEach((name, i) => { params[name] = decodeURIComponent(match[i + 1]); });
-  replace(main, h("p", { class: "muted", role: "status" }, "Loading…"));
+  // Each view renders into an element of its own, put in place now: a view still loading when
+  // the route changes again writes into its element, by then out of the page, never over the
+  // newer view (a slow first view used to land over the one the person had moved on to).
+  const root = h("div", { class: "view-root" }, h("p", { class: "muted", role: "status" }, "Loading…"));
+  replace(main, root);
   const ctx = {
     go: (hash) => { location.hash = hash; },
     onLeave: (fn) => (mine === generation ? leaving.push(fn) : fn()),
   };
   try {
-    await view(main, params, ctx);
-    document.title = `${main.querySelector("h1")?.textContent || "Console"} · Dispach`;
+    await view(root, params, ctx);
+    if (mine !== generation) return;
+    document.title = `${root.querySelector("h1")?.textContent || "Console"} · Dispach`;
   } catch (err) {
     if (mine !== generation) return;
     if (err.status === 401) return; // the sign-in form is up
-    replace(main, h("h1", {}, "Something went wrong"), problem(err));
+    replace(root, h("h1", {}, "Something went wrong"), problem(err));
   }
 }
 

@@ -3,7 +3,7 @@
 // from the log by GET …/turns/{id}/context), with what changed since the step before.
 
 import { agentPath, api, enc, turnEvents } from "./api.js";
-import { h, link, num, pretty, route, table, withQuery, replace } from "./dom.js";
+import { h, link, num, plural, pretty, route, table, withQuery, replace } from "./dom.js";
 
 export async function contextView(main, { agent, turn, query: q }) {
   const [replay, resource] = await Promise.all([
@@ -28,7 +28,7 @@ export async function contextView(main, { agent, turn, query: q }) {
   replace(main, h("nav", { class: "crumbs", "aria-label": "breadcrumb" }, link(route(), "Agents"), " / ", link(route("agents", agent), agent), " / ",
       link(route("agents", agent, "sessions", resource.sessionKey), resource.sessionKey), " / ", turn),
     h("h1", {}, "What the model saw"),
-    h("p", { class: "meta" }, `Turn ${turn}: “${resource.input.slice(0, 120)}” · ${steps.length} model calls`),
+    h("p", { class: "meta" }, `Turn ${turn}: “${resource.input.slice(0, 120)}” · ${plural(steps.length, "model call")}`),
     steps.length
       ? h("nav", { class: "steps", "aria-label": "steps" }, steps.map((s) =>
           link(withQuery(base, { step: s.step }), `Step ${s.step}`, s.step === n ? { "aria-current": "page" } : {})))

@@ -89,6 +89,18 @@ export function num(n) {
   return n === undefined || n === null ? "—" : numbers.format(n);
 }
 
+/** "1 step", "2 steps": a count and its noun, singular for one. */
+export function plural(n, one, many = `${one}s`) {
+  return `${num(n)} ${n === 1 ? one : many}`;
+}
+
+/** A cost in US dollars (null: not known, a price is missing). */
+export function usd(value) {
+  if (value === undefined) return "";
+  if (value === null) return "cost unknown";
+  return `$${value < 0.01 && value > 0 ? value.toPrecision(2) : value.toFixed(value >= 100 ? 0 : 4)}`;
+}
+
 export function badge(text, kind) {
   return h("span", { class: `badge ${kind || text}` }, text);
 }

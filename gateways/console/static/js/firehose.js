@@ -2,7 +2,7 @@
 // reload (the cursor of the last event shown is kept in the URL). And two sessions side by side.
 
 import { agentPath, api, query } from "./api.js";
-import { brief, clock, h, link, problem, route, status, withQuery, replace } from "./dom.js";
+import { brief, clock, h, link, plural, problem, route, status, usd, withQuery, replace } from "./dom.js";
 import { eventTypes, Live } from "./live.js";
 
 const KEEP = 2000; // rows kept on the page; older ones are dropped as new ones come
@@ -83,7 +83,7 @@ export async function compareView(main, { query: q }) {
         h("ol", { class: "compare-turns" }, page.turns.slice().reverse().map((t) => h("li", { dataset: { turnId: t.turnId } },
           h("div", {}, status(t.status), " ", h("strong", {}, t.input)),
           h("div", { class: "text" }, t.text),
-          h("div", { class: "meta" }, `${t.steps} steps · ${t.promptTokens} in / ${t.outputTokens} out · `, link(route("agents", agent, "turns", t.turnId, "context"), "what the model saw"))))));
+          h("div", { class: "meta" }, `${plural(t.steps, "step")} · ${t.promptTokens} in / ${t.outputTokens} out · ${t.costUsd !== undefined ? `${usd(t.costUsd)} · ` : ""}`, link(route("agents", agent, "turns", t.turnId, "context"), "what the model saw"))))));
     } catch (err) {
       return h("section", { class: "column" }, problem(err));
     }

@@ -4,7 +4,7 @@
 // (a reloaded page reads the stored events too, and drops what it has already shown).
 
 import { agentPath, api, enc, post, query } from "./api.js";
-import { h, link, problem, route, when, withQuery, replace } from "./dom.js";
+import { h, link, plural, problem, route, when, withQuery, replace } from "./dom.js";
 import { Live } from "./live.js";
 import { TurnView } from "./timeline.js";
 
@@ -20,7 +20,6 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
   let lastCursor = q.get("after") || null;
   let backlog = []; // live events that came before the stored turns were listed
   let listed = false;
-  let count = 0;
 
   const forkTurn = (turn) => ctx.go(withQuery(route("agents", agent, "sessions", key, "fork"), { turn: turn.turnId }));
 
@@ -32,12 +31,26 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
     h("p", { class: "meta" }, meta, " · ", state),
     older, list, note, box);
 
-  // The summary is read beside the turns, not before them.
-  api(agentPath(agent, "sessions", enc(key))).then((summary) => replace(meta,
-    `${summary.turns} turns · ${summary.messages} messages in history · last active `, when(summary.lastActivityAt),
-    summary.forkedFrom ? [" · forked from ", link(route("agents", summary.forkedFrom.agentId, "sessions", summary.forkedFrom.sessionKey), `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`), " at ", h("code", {}, summary.forkedFrom.turnId),
-      " · ", link(withQuery(route("compare"), { a: `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`, b: `${agent}/${key}` }), "compare")] : null),
-  ).catch((err) => replace(meta, err.status === 404 ? "No turns yet: send the first message below." : `${err.code}: ${err.message}`));
+  // The summary is read beside the turns, not before them, and again when a turn starts or
+  // ends (at most one read at a time), so it never goes on saying there are no turns.
+  let summarising = null;
+  let again = false;
+  function summarise() {
+    if (summarising) { again = true; return; }
+    summarising = api(agentPath(agent, "sessions", enc(key))).then((summary) => replace(meta,
+      `${plural(summary.turns, "turn")} · ${plural(summary.messages, "message")} in history · last active `, when(summary.lastActivityAt),
+      summary.forkedFrom ? [" · forked from ", link(route("agents", summary.forkedFrom.agentId, "sessions", summary.forkedFrom.sessionKey), `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`), " at ", h("code", {}, summary.forkedFrom.turnId),
+        " · ", link(withQuery(route("compare"), { a: `${summary.forkedFrom.agentId}/${summary.forkedFrom.sessionKey}`, b: `${agent}/${key}` }), "compare")] : null),
+    ).catch((err) => replace(meta, err.status === 404 && !turns.size ? "No turns yet: send the first message below." : err.status === 404 ? "…" : `${err.code}: ${err.message}`))
+      .finally(() => { summarising = null; if (again) { again = false; summarise(); } });
+  }
+  summarise();
+
+  /** A turn is on the page: whatever said there were none is gone. */
+  function shown(tv) {
+    list.querySelector(":scope > p.empty")?.remove();
+    return tv;
+  }
 
   function view(turn) {
     let tv = turns.get(turn.turnId);
@@ -62,7 +75,6 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
     const fresh = page.turns.filter((t) => !turns.has(t.turnId)).reverse(); // oldest first
     for (const t of fresh) fragment.append(view(t).el);
     list.prepend(fragment);
-    count += fresh.length;
     return fresh;
   }
 
@@ -82,11 +94,11 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
     if (!tv && event.type === "turn.start") {
       tv = view({ turnId: event.turnId, status: "running", input: event.data.input, startedAt: event.ts });
       tv.startLive();
-      list.querySelector(":scope > p.empty")?.remove();
-      list.append(tv.el);
+      list.append(shown(tv).el);
       tv.toggle(true);
     }
     if (tv) tv.live(event);
+    if (event.type === "turn.start" || event.type === "turn.end") summarise();
     if (event.cursor) keepCursor(event.cursor);
   }
 
@@ -121,11 +133,13 @@ export async function sessionView(main, { agent, key, query: q }, ctx) {
     const open = fresh.filter((t, i) => t.status === "running" || i === fresh.length - 1);
     await Promise.all(open.map((t) => view(t).toggle(true)));
     performance.mark("dispach.timeline.ready");
-    if (!count) list.append(h("p", { class: "empty" }, "No turns in this session yet."));
+    // Counted after the backlog is taken: a first turn that began live is a turn.
+    if (!turns.size) list.append(h("p", { class: "empty" }, "No turns in this session yet."));
     await live.subscribed;
     for (const t of await newest()) {
-      list.append(view(t).el);
+      list.append(shown(view(t)).el);
       view(t).toggle(true);
+      summarise();
     }
   } catch (err) {
     replace(list, problem(err));

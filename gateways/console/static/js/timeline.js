@@ -4,7 +4,7 @@
 // `pending`, so what is shown is always in log order.
 
 import { agentPath, api, enc, query, turnEvents } from "./api.js";
-import { brief, clock, h, link, num, pretty, route, status, withQuery, replace } from "./dom.js";
+import { brief, clock, h, link, num, plural, pretty, route, status, usd, withQuery, replace } from "./dom.js";
 
 /** One line per event type: what a person wants to read at a glance. */
 const SUMMARY = {
@@ -33,7 +33,7 @@ const SUMMARY = {
   "approval.requested": (d) => [`${d.slug} waits for a person · ${d.reason || ""}`],
   "approval.resolved": (d) => [`${d.slug} ${d.granted ? "approved" : "denied"} by ${d.by}`],
   "turn.stopping": (d) => [`${d.reason}`, d.by ? ` by ${d.by}` : ""],
-  "turn.end": (d) => [`${d.reason} after ${d.steps} steps · ${num(d.durationMs)} ms · ${num(d.tokens && d.tokens.prompt)} in, ${num(d.tokens && d.tokens.output)} out, cache read ${num(d.tokens && d.tokens.cacheRead)}`],
+  "turn.end": (d) => [`${d.reason} after ${plural(d.steps, "step")} · ${num(d.durationMs)} ms · ${num(d.tokens && d.tokens.prompt)} in, ${num(d.tokens && d.tokens.output)} out, cache read ${num(d.tokens && d.tokens.cacheRead)}`],
   "delivery.enqueued": (d) => [`to ${d.channelId}:${d.to} · part ${d.chunkIndex + 1}/${d.chunkTotal}`],
   "delivery.attempted": (d) => [`${d.channelId} · attempt ${d.attempt} · part ${d.chunkIndex + 1}/${d.chunkTotal}`],
   "delivery.sent": (d) => [`${d.channelId} · sent after ${d.attempts} attempts`, d.uncertain ? " · may show twice" : ""],
@@ -85,7 +85,8 @@ export class TurnView {
     replace(this.head, toggle,
       status(t.status || "running"),
       h("span", { class: "input", title: t.input || "" }, brief(t.input || "", 160)),
-      h("span", { class: "figures" }, t.steps !== undefined ? `${t.steps} steps · ` : "",
+      h("span", { class: "figures" }, t.steps !== undefined ? `${plural(t.steps, "step")} · ` : "",
+        t.costUsd !== undefined ? h("span", { class: "cost", title: t.costReason || "by the node's price table" }, usd(t.costUsd), " · ") : "",
         t.promptTokens !== undefined ? `${num(t.promptTokens)} in / ${num(t.outputTokens)} out · ` : "",
         t.cacheReadTokens ? `cache read ${num(t.cacheReadTokens)} · ` : "",
         t.startedAt ? clock(t.startedAt) : ""),
@@ -145,6 +146,11 @@ export class TurnView {
         promptTokens: d.tokens?.prompt, outputTokens: d.tokens?.output, cacheReadTokens: d.tokens?.cacheRead,
         errorCode: d.error?.code, errorMessage: d.error?.message, errorHint: d.error?.hint });
       this.renderHead();
+      // Its cost is the turn resource's (priced by the node), not the event's: read it once.
+      api(agentPath(this.agent, "turns", enc(this.turn.turnId))).then((r) => {
+        Object.assign(this.turn, { costUsd: r.costUsd, costReason: r.costReason });
+        this.renderHead();
+      }).catch(() => {});
     } else if (event.type === "approval.requested" && this.turn.status === "running") {
       this.head.querySelector(".status").textContent = "awaiting_approval";
     } else if (event.type === "approval.resolved") {
