@@ -1,7 +1,7 @@
 """What the server checks of a request's strings beyond their types, as JSON Schema patterns, so
 requests generated from the OpenAPI document and the server agree on what is valid: the path and
 query parameters' (gateways/http/operation.py), the bodies' (gateways/http/openapi.py
-``constrain``)."""
+``_constrain``)."""
 
 from __future__ import annotations
 
