@@ -6,9 +6,11 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
+from actors.messages import ClusterStatus
 from gateways.api.common import ApiError, agent, not_ready, principal, runtime
-from gateways.api.schemas import AgentInfo, SkillList
-from gateways.http.errors import json_response
+from gateways.api.schemas import AgentDetail, AgentInfo, SkillList, ToolInfo
+from gateways.http.errors import ErrorEnvelope, json_response
+from gateways.http.operation import AGENT, Operation, answer, array
 
 
 async def list_agents(request: Request) -> Response:
@@ -21,6 +23,16 @@ async def list_agents(request: Request) -> Response:
     return json_response(agents)
 
 
+LIST_AGENTS = Operation(
+    "GET",
+    "/v1/agents",
+    list_agents,
+    "Agents this token can reach",
+    {"200": answer(array(AgentInfo), "Agents")},
+    errors=("401",),
+)
+
+
 async def cluster(request: Request) -> Response:
     """``GET /v1/cluster``: nodes, the partitions each holds, epochs and lease ages."""
     status = runtime(request).cluster_status()
@@ -29,8 +41,24 @@ async def cluster(request: Request) -> Response:
     return json_response(status)
 
 
+CLUSTER = Operation(
+    "GET",
+    "/v1/cluster",
+    cluster,
+    "The cluster: nodes, the partitions each owns, lease epochs and ages",
+    {"200": answer(ClusterStatus, "The lease bucket as this node reads it")},
+    errors=("401", "503"),
+)
+
+
 async def get_agent(request: Request) -> Response:
     return json_response(agent(request))
+
+
+GET_AGENT = Operation(
+    "GET", "/v1/agents/{agent}", get_agent, "One agent", {"200": answer(AgentDetail, "The agent")},
+    params=[AGENT],
+)  # fmt: skip
 
 
 async def agent_tools(request: Request) -> Response:
@@ -38,11 +66,31 @@ async def agent_tools(request: Request) -> Response:
     return json_response(agent(request).tool_list)
 
 
+AGENT_TOOLS = Operation(
+    "GET",
+    "/v1/agents/{agent}/tools",
+    agent_tools,
+    "The agent's tools, in the order the model reads them",
+    {"200": answer(array(ToolInfo), "Tools")},
+    params=[AGENT],
+)
+
+
 async def agent_skills(request: Request) -> Response:
     """``GET …/skills``: v1 0.1.0's answer for a runtime without skills. ``supported: false``
     says the runtime has none, which an empty list alone would not."""
     agent(request)
     return json_response(SkillList(skills=[], supported=False))
+
+
+AGENT_SKILLS = Operation(
+    "GET",
+    "/v1/agents/{agent}/skills",
+    agent_skills,
+    "Skills: none, this runtime has none (`supported: false`, as Dispach v1 0.1.0)",
+    {"200": answer(SkillList, "No skills")},
+    params=[AGENT],
+)
 
 
 async def reload_agent(request: Request) -> Response:
@@ -59,3 +107,14 @@ async def reload_agent(request: Request) -> Response:
         "restart the node to load a changed manifest; in a cluster, roll it: start nodes with "
         "the new manifest, then stop the old ones one by one (SIGTERM drains them)",
     )
+
+
+RELOAD_AGENT = Operation(
+    "POST",
+    "/v1/agents/{agent}/reload",
+    reload_agent,
+    "Reload the agent's manifest: refused (an agent is built once per node start)",
+    {"501": answer(ErrorEnvelope, "`reload_not_supported`: restart the node")},
+    params=[AGENT],
+    errors=("401", "404", "503"),
+)

@@ -31,6 +31,7 @@ from gateways.api.common import (
     store_of,
 )
 from gateways.http.errors import json_response
+from gateways.http.operation import AGENT, Operation, answer, param
 
 
 class ApprovalInfo(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -76,6 +77,26 @@ async def list_approvals(request: Request) -> Response:
     return json_response(ApprovalList(found))
 
 
+LIST_APPROVALS = Operation(
+    "GET",
+    "/v1/agents/{agent}/approvals",
+    list_approvals,
+    "Tool calls waiting for a person's approval, oldest first",
+    {"200": answer(ApprovalList, "Pending approvals")},
+    params=[
+        AGENT,
+        param(
+            "private",
+            "query",
+            "`true`: each approval with `args`, what the call would run with (API token only)",
+            {"type": "boolean"},
+            required=False,
+        ),
+    ],
+    errors=("400", "401", "403", "404"),
+)
+
+
 async def _arguments(store: EventStore, approvals: list[ApprovalInfo]) -> dict[str, Any]:
     """Each approval's call arguments, from its ``approval.requested`` (one read for all)."""
     turns = sorted({a.turn_id for a in approvals})
@@ -99,6 +120,18 @@ async def decide(request: Request) -> Response:
     if isinstance(answer, Refused):
         raise refused(answer)
     return json_response(answer)
+
+
+DECIDE = Operation(
+    "POST",
+    "/v1/agents/{agent}/approvals/{approval}",
+    decide,
+    "Answer an approval: the turn runs on with the call, or with a refusal",
+    {"200": answer(DecisionAnswer, "Answered")},
+    params=[AGENT, param("approval", "path", "Approval id")],
+    body=Decision,
+    errors=("400", "401", "404", "503"),
+)
 
 
 async def resolve(

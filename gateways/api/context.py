@@ -18,7 +18,9 @@ from actors.messages import Refused, SessionContext, TurnContext
 from eventstore import StoreError
 from gateways.api.common import ApiError, agent, not_ready, refused, runtime, store_error
 from gateways.api.turns import load_turn
+from gateways.http.constraints import NO_NUL, SESSION_KEY
 from gateways.http.errors import json_response
+from gateways.http.operation import AGENT, TURN, Operation, answer, param
 from gateways.ingress import MAX_SESSION_KEY
 
 MAX_INPUT = 4000
@@ -60,6 +62,45 @@ async def session_context(request: Request) -> Response:
     return json_response(result)
 
 
+SESSION_CONTEXT = Operation(
+    "GET",
+    "/v1/agents/{agent}/context",
+    session_context,
+    "The context the session's next turn would assemble, block by block with tokens",
+    {"200": answer(SessionContext, "The context (no input yet)")},
+    params=[
+        AGENT,
+        param(
+            "sessionKey",
+            "query",
+            "The session (any key: a session without turns has an empty history)",
+            {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_SESSION_KEY,
+                "pattern": SESSION_KEY,
+            },
+            required=True,
+        ),
+        param(
+            "input",
+            "query",
+            "A message to assemble as the next turn's input (none: no input slot)",
+            {"type": "string", "maxLength": MAX_INPUT, "pattern": NO_NUL},
+            required=False,
+        ),
+        param(
+            "messages",
+            "query",
+            "`true`: add the request's `messages` and `system` as the model gets them",
+            {"type": "boolean"},
+            required=False,
+        ),
+    ],
+    errors=("400", "401", "404", "503"),
+)
+
+
 async def turn_context(request: Request) -> Response:
     target = agent(request)
     turn = await load_turn(request, request.path_params["turn_id"], target.id)
@@ -70,6 +111,17 @@ async def turn_context(request: Request) -> Response:
     if isinstance(result, Refused):
         raise refused(result)
     return json_response(result)
+
+
+TURN_CONTEXT = Operation(
+    "GET",
+    "/v1/agents/{agent}/turns/{turn_id}/context",
+    turn_context,
+    "What each model call of the turn was sent, rebuilt from the log",
+    {"200": answer(TurnContext, "One step per model call, in order")},
+    params=[AGENT, TURN],
+    errors=("400", "401", "404", "503"),
+)
 
 
 def _session_key(request: Request) -> str:

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from gateways.api.common import MAX_PAGE, ApiError, agent, fetch, int_param
 from gateways.api.schemas import DELIVERY_STATUSES, DeliveryError, DeliveryItem, DeliveryList
 from gateways.http.errors import json_response
+from gateways.http.operation import AGENT, LIMIT, Operation, answer, param
 
 DEFAULT_PAGE = 100
 
@@ -47,6 +48,28 @@ async def list_deliveries(request: Request) -> Response:
         },
     )
     return json_response(DeliveryList(deliveries=[delivery(row) for row in rows]))
+
+
+LIST_DELIVERIES = Operation(
+    "GET",
+    "/v1/agents/{agent}/deliveries",
+    list_deliveries,
+    "Outbox items (one chunk of a reply to one recipient each), newest first, with their "
+    "status, attempts and last error; never the reply's text",
+    {"200": answer(DeliveryList, "Deliveries")},
+    params=[
+        AGENT,
+        param(
+            "status",
+            "query",
+            "Only items with this status",
+            {"type": "string", "enum": list(DELIVERY_STATUSES)},
+            required=False,
+        ),
+        param("sessionKey", "query", "Only this session's items", required=False),
+        LIMIT,
+    ],
+)
 
 
 def delivery(row: tuple[Any, ...]) -> DeliveryItem:

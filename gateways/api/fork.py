@@ -20,7 +20,8 @@ from actors.messages import ForkSession, Refused
 from gateways import ingress
 from gateways.api.common import commands_of, decode_body, read_body, refused, visible_agent
 from gateways.api.schemas import ForkBody, ForkedBody, ForkSource
-from gateways.http.errors import json_response
+from gateways.http.errors import ErrorEnvelope, json_response
+from gateways.http.operation import AGENT, KEY, Operation, answer
 
 MAX_INDEX = 2**62
 """The largest ``atTurn`` index taken (no session has that many turns: past the count it is
@@ -60,6 +61,25 @@ async def fork_session(request: Request) -> Response:
     answer = ForkedBody(agent_id=result.agent_id, session_key=result.session_key,
                         forked_from=origin, messages=result.messages)  # fmt: skip
     return json_response(answer, 201)
+
+
+FORK_SESSION = Operation(
+    "POST",
+    "/v1/agents/{agent}/sessions/{key}/fork",
+    fork_session,
+    "Fork the session: a new session (of this agent or another) whose history is this one's "
+    "up to and including a turn (appends session.forked to it)",
+    {
+        "201": answer(ForkedBody, "Forked"),
+        "409": answer(
+            ErrorEnvelope,
+            "The turn still runs, or was cleared; the new session exists or is busy",
+        ),
+    },
+    params=[AGENT, KEY],
+    body=ForkBody,
+    errors=("400", "401", "404", "413", "415", "503"),
+)
 
 
 def default_key(key: str) -> str:

@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from gateways.api.common import ApiError, read_body, runtime
 from gateways.http.errors import json_response
+from gateways.http.operation import AGENT, Operation, answer, param
 
 _HOOK_BODY_MAX = 1_000_000
 
@@ -51,6 +52,19 @@ async def channel_webhook(request: Request) -> Response:
                        "check the channel's secret token and the provider's webhook "
                        "settings")  # fmt: skip
     return json_response(Taken(ok=True))
+
+
+CHANNEL_WEBHOOK = Operation(
+    "POST",
+    "/v1/channels/{channel}/webhook/{agent}",
+    channel_webhook,
+    "An update a chat provider pushes (Telegram webhook mode); the channel checks the "
+    "provider's secret, no bearer token",
+    {"200": answer(Taken, "Taken")},
+    params=[param("channel", "path", "Channel id"), AGENT],
+    errors=("400", "401", "404", "413", "503"),
+    security="open",
+)
 
 
 def _not_found() -> ApiError:

@@ -8,6 +8,7 @@ manifest declares belong to the manifest (409 ``schedule_manifest_owned``): edit
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -33,6 +34,7 @@ from gateways.api.common import (
 )
 from gateways.api.schemas import AcceptedBody
 from gateways.http.errors import json_response
+from gateways.http.operation import AGENT, Operation, answer, param
 
 _ASK_TIMEOUT = 10.0
 
@@ -73,9 +75,30 @@ async def list_schedules(request: Request) -> Response:
     return json_response(ScheduleList([r.resource for r in rows]))
 
 
+SCHEDULE = param("schedule", "path", "Schedule id")
+LIST_SCHEDULES = Operation(
+    "GET",
+    "/v1/agents/{agent}/schedules",
+    list_schedules,
+    "Schedules of the agent (manifest and API), with their next due time",
+    {"200": answer(ScheduleList, "Schedules")},
+    params=[AGENT, param("enabled", "query", "`true`: only enabled ones", required=False)],
+)
+
+
 async def get_schedule(request: Request) -> Response:
     target = agent(request)
     return json_response(await _one(request, target.id, request.path_params["schedule"]))
+
+
+GET_SCHEDULE = Operation(
+    "GET",
+    "/v1/agents/{agent}/schedules/{schedule}",
+    get_schedule,
+    "One schedule",
+    {"200": answer(ScheduleResource, "The schedule")},
+    params=[AGENT, SCHEDULE],
+)
 
 
 async def create_schedule(request: Request) -> Response:
@@ -89,6 +112,18 @@ async def create_schedule(request: Request) -> Response:
     return json_response(await _one(request, target.id, spec.id), 201)
 
 
+CREATE_SCHEDULE = Operation(
+    "POST",
+    "/v1/agents/{agent}/schedules",
+    create_schedule,
+    "Create a schedule (checked now: expression, time zone, delivery)",
+    {"201": answer(ScheduleResource, "Created")},
+    params=[AGENT],
+    body=ScheduleSpec,
+    errors=("400", "401", "404", "409", "503"),
+)
+
+
 async def replace_schedule(request: Request) -> Response:
     target = agent(request)
     sid = request.path_params["schedule"]
@@ -99,12 +134,37 @@ async def replace_schedule(request: Request) -> Response:
     return json_response(await _one(request, target.id, sid))
 
 
+REPLACE_SCHEDULE = Operation(
+    "PUT",
+    "/v1/agents/{agent}/schedules/{schedule}",
+    replace_schedule,
+    "Replace an API-made schedule (its whole definition)",
+    {"200": answer(ScheduleResource, "Replaced")},
+    params=[AGENT, SCHEDULE],
+    body=ScheduleSpec,
+    errors=("400", "401", "404", "409", "503"),
+)
+# The same operation: a whole definition either way.
+PATCH_SCHEDULE = dataclasses.replace(REPLACE_SCHEDULE, method="PATCH")
+
+
 async def delete_schedule(request: Request) -> Response:
     target = agent(request)
     sid = request.path_params["schedule"]
     await _change_current(request, target.id, sid, lambda version: RemoveSchedule(
         agent_id=target.id, schedule_id=sid, expected=version))  # fmt: skip
     return json_response(Deleted(sid))
+
+
+DELETE_SCHEDULE = Operation(
+    "DELETE",
+    "/v1/agents/{agent}/schedules/{schedule}",
+    delete_schedule,
+    "Delete an API-made schedule",
+    {"200": answer(Deleted, "Deleted")},
+    params=[AGENT, SCHEDULE],
+    errors=("401", "404", "409", "503"),
+)
 
 
 async def run_schedule(request: Request) -> Response:
@@ -118,6 +178,17 @@ async def run_schedule(request: Request) -> Response:
         raise refused(result)
     return json_response(AcceptedBody(turn_id=result.turn_id, session_key=result.session_key),
                          202)  # fmt: skip
+
+
+RUN_SCHEDULE = Operation(
+    "POST",
+    "/v1/agents/{agent}/schedules/{schedule}/run",
+    run_schedule,
+    "Fire the schedule now, out of band (its clock is not moved)",
+    {"202": answer(AcceptedBody, "Accepted")},
+    params=[AGENT, SCHEDULE],
+    errors=("400", "401", "404", "503"),
+)
 
 
 # --- helpers -----------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from gateways.api.schemas import (
     StoredMessage,
 )
 from gateways.api.turns import STATUSES
-from gateways.http.errors import json_response
+from gateways.http.errors import ErrorEnvelope, json_response
+from gateways.http.operation import AGENT, KEY, LIMIT, Operation, answer, array, param
 
 
 async def list_sessions(request: Request) -> Response:
@@ -57,6 +58,32 @@ async def list_sessions(request: Request) -> Response:
     return json_response([_session(r) for r in rows])
 
 
+LIST_SESSIONS = Operation(
+    "GET",
+    "/v1/agents/{agent}/sessions",
+    list_sessions,
+    "Sessions, most recently active first",
+    {"200": answer(array(SessionSummary), "Sessions")},
+    params=[
+        AGENT,
+        param(
+            "q",
+            "query",
+            "Only sessions whose key contains this (case-insensitive, literally)",
+            required=False,
+        ),
+        param(
+            "status",
+            "query",
+            "Only sessions whose last turn has this status",
+            {"type": "string", "enum": list(STATUSES)},
+            required=False,
+        ),
+        LIMIT,
+    ],
+)
+
+
 async def get_session(request: Request) -> Response:
     agent_id = agent(request).id
     key = request.path_params["key"]
@@ -74,6 +101,16 @@ async def get_session(request: Request) -> Response:
             "sessionKey",
         )
     return json_response(_session(rows[0]))
+
+
+GET_SESSION = Operation(
+    "GET",
+    "/v1/agents/{agent}/sessions/{key}",
+    get_session,
+    "One session",
+    {"200": answer(SessionSummary, "The session")},
+    params=[AGENT, KEY],
+)
 
 
 def _session(row: tuple[Any, ...]) -> SessionSummary:
@@ -117,6 +154,27 @@ async def session_messages(request: Request) -> Response:
     )
 
 
+SESSION_MESSAGES = Operation(
+    "GET",
+    "/v1/agents/{agent}/sessions/{key}/messages",
+    session_messages,
+    "History, newest first",
+    {"200": answer(MessagePage, "A page")},
+    params=[
+        AGENT,
+        KEY,
+        param(
+            "before",
+            "query",
+            "nextBefore of the previous page",
+            {"type": "integer", "minimum": 1, "maximum": 2**62},
+            required=False,
+        ),
+        LIMIT,
+    ],
+)
+
+
 def stored_message(row: tuple[Any, ...]) -> StoredMessage:
     position, key, turn_id, role, content_text, at = row
     content = json.loads(content_text)
@@ -150,15 +208,6 @@ def stored_message(row: tuple[Any, ...]) -> StoredMessage:
     )
 
 
-async def session(request: Request) -> Response:
-    """``/sessions/{key}`` and ``/sessions/{key}/messages``: GET reads, DELETE clears."""
-    if request.method == "DELETE":
-        return await clear_session(request)
-    if request.url.path.endswith("/messages"):
-        return await session_messages(request)
-    return await get_session(request)
-
-
 async def clear_session(request: Request) -> Response:
     agent_id = agent(request).id
     key = request.path_params["key"]
@@ -168,6 +217,24 @@ async def clear_session(request: Request) -> Response:
     if isinstance(result, Refused):
         raise refused(result)
     return json_response(ClearedBody(cleared=result.session_key, memory_files_kept=False))
+
+
+CLEAR_SESSION = Operation(
+    "DELETE",
+    "/v1/agents/{agent}/sessions/{key}",
+    clear_session,
+    "Clear the session's history (appends session.cleared)",
+    {"200": answer(ClearedBody, "Cleared"), "409": answer(ErrorEnvelope, "A turn is running")},
+    params=[AGENT, KEY],
+)
+CLEAR_MESSAGES = Operation(
+    "DELETE",
+    "/v1/agents/{agent}/sessions/{key}/messages",
+    clear_session,
+    "Clear the session's history",
+    {"200": answer(ClearedBody, "Cleared"), "409": answer(ErrorEnvelope, "A turn is running")},
+    params=[AGENT, KEY],
+)
 
 
 PHASE_INVALID = Refused(code="phase_invalid",
@@ -191,3 +258,15 @@ async def set_phase(request: Request) -> Response:
         "leave the phase out: every tool of the agent is visible in every session "
         f"(GET /v1/agents/{agent_id}/tools lists them)",
     )
+
+
+SET_PHASE = Operation(
+    "POST",
+    "/v1/agents/{agent}/sessions/{key}/phase",
+    set_phase,
+    "Set the session's phase (Dispach v1): checked, then refused, since this runtime has no phases",
+    {"501": answer(ErrorEnvelope, "`phases_not_supported`")},
+    params=[AGENT, KEY],
+    body=PhaseBody,
+    errors=("400", "401", "404", "413", "415", "503"),
+)

@@ -51,7 +51,19 @@ from gateways.api.schemas import (
     TurnResource,
 )
 from gateways.api.usage import priced
-from gateways.http.errors import json_response
+from gateways.http.constraints import TURN_ID
+from gateways.http.errors import ErrorEnvelope, json_response
+from gateways.http.operation import (
+    AFTER,
+    AGENT,
+    LIMIT,
+    SSE,
+    SSE_FRAME,
+    TURN,
+    Operation,
+    answer,
+    param,
+)
 
 STATUSES: tuple[str, ...] = ("running", *typing.get_args(EndReason))
 
@@ -134,6 +146,40 @@ async def post_message(request: Request) -> Response:
     return accepted_response(request, target.id, result, body)
 
 
+def _accepted(description: str) -> dict[str, Any]:
+    """202/200 of POST messages: JSON, or the turn's SSE stream with ``stream: true``."""
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": AcceptedBody}, SSE: {"schema": SSE_FRAME}},
+    }
+
+
+POST_MESSAGE = Operation(
+    "POST",
+    "/v1/agents/{agent}/messages",
+    post_message,
+    "Send a message: 202 once its turn is durably accepted",
+    {
+        "202": _accepted("Accepted: the turn runs without the caller"),
+        "200": _accepted("Replayed (same Idempotency-Key and body)"),
+        "409": answer(ErrorEnvelope, "Idempotency key reused, or the session is busy"),
+    },
+    params=[
+        AGENT,
+        param(
+            "Idempotency-Key",
+            "header",
+            "1-255 printable ASCII; a retry with the same key and body replays the first "
+            "acceptance",
+            {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x20-\\x7e]+$"},
+            required=False,
+        ),
+    ],
+    body=MessageBody,
+    errors=("400", "401", "404", "413", "503", "504"),
+)
+
+
 def accepted_response(
     request: Request, agent_id: str, result: Accepted, body: MessageBody
 ) -> Response:
@@ -162,10 +208,30 @@ async def get_turn(request: Request) -> Response:
     return json_response(await with_archive(request, turn))
 
 
+GET_TURN = Operation(
+    "GET",
+    "/v1/agents/{agent}/turns/{turn_id}",
+    get_turn,
+    "The turn resource",
+    {"200": answer(TurnResource, "The turn")},
+    params=[AGENT, TURN],
+)
+
+
 async def get_turn_any(request: Request) -> Response:
     """``GET /v1/turns/{turnId}``: the turn whatever its agent (an extension of v1)."""
     turn = await load_turn(request, request.path_params["turn_id"], None)
     return json_response(await with_archive(request, turn))
+
+
+GET_TURN_ANY = Operation(
+    "GET",
+    "/v1/turns/{turn_id}",
+    get_turn_any,
+    "The turn resource, by id alone",
+    {"200": answer(TurnResource, "The turn")},
+    params=[TURN],
+)
 
 
 async def with_archive(request: Request, turn: TurnResource) -> TurnResource:
@@ -228,6 +294,34 @@ async def list_turns(request: Request) -> Response:
     )
 
 
+LIST_TURNS = Operation(
+    "GET",
+    "/v1/agents/{agent}/turns",
+    list_turns,
+    "Turns, newest first",
+    {"200": answer(TurnPage, "A page")},
+    params=[
+        AGENT,
+        param("sessionKey", "query", "Only this session", required=False),
+        param(
+            "status",
+            "query",
+            "Only this status",
+            {"type": "string", "enum": list(STATUSES)},
+            required=False,
+        ),
+        param(
+            "before",
+            "query",
+            "nextBefore of the previous page (a turn id of this agent)",
+            {"type": "string", "pattern": TURN_ID},
+            required=False,
+        ),
+        LIMIT,
+    ],
+)
+
+
 async def stop_turn(request: Request) -> Response:
     agent_id = agent(request).id
     turn = await load_turn(request, request.path_params["turn_id"], agent_id)
@@ -251,6 +345,19 @@ async def stop_turn(request: Request) -> Response:
     return json_response(StopAnswer(turn_id=turn.turn_id, stopping=True, state=result.state), 202)
 
 
+STOP_TURN = Operation(
+    "POST",
+    "/v1/agents/{agent}/turns/{turn_id}/stop",
+    stop_turn,
+    "Stop a running turn (cooperative)",
+    {
+        "202": answer(StopAnswer, "Stopping"),
+        "409": answer(ErrorEnvelope, "The turn is not running"),
+    },
+    params=[AGENT, TURN],
+)
+
+
 async def turn_events(request: Request) -> Response:
     """``GET …/turns/{turnId}/events``: the turn's stored events, public fields only, unless
     ``private=true`` asks for the tool calls' ``args`` and the tool results' ``output`` (the
@@ -267,3 +374,34 @@ async def turn_events(request: Request) -> Response:
     node = runtime(request).node_id
     page = [to_wire(e, node, reveal=reveal) for e in events]
     return json_response(EventsPage(events=page, next=page[-1].cursor if page else None))
+
+
+TURN_EVENTS = Operation(
+    "GET",
+    "/v1/agents/{agent}/turns/{turn_id}/events",
+    turn_events,
+    "Stored events of a turn",
+    {"200": answer(EventsPage, "Events in log order")},
+    params=[
+        AGENT,
+        TURN,
+        AFTER,
+        param(
+            "limit",
+            "query",
+            "Page size",
+            {"type": "integer", "minimum": 1, "maximum": 10_000},
+            required=False,
+        ),
+        param(
+            "private",
+            "query",
+            "`true`: tool.call events with their `args` and tool.result events with their "
+            "`output` (nothing else private); API token only, a stream token is refused with "
+            "`private_needs_token`. The streams never carry them",
+            {"type": "boolean"},
+            required=False,
+        ),
+    ],
+    errors=("400", "401", "403", "404"),
+)

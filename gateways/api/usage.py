@@ -23,8 +23,11 @@ from eventstore import StoreError
 from gateways.api.common import ApiError, agent, principal, runtime, store_error, store_of
 from gateways.api.schemas import CallUsage, TurnResource, UsagePage
 from gateways.http.errors import json_response
+from gateways.http.operation import AGENT, Operation, answer, param
 
 DEFAULT_BY: tuple[Group, ...] = ("agent", "model")
+INSTANT = r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+(Z|[+-]\d{2}:?\d{2})?)?$"
+"""What ``from`` and ``to`` take (the handler's ``_instant`` says which of these are real)."""
 
 
 def priced(turn: TurnResource, prices: PriceTable) -> TurnResource:
@@ -106,3 +109,38 @@ async def agent_usage(request: Request) -> Response:
     """``GET /v1/agents/{agent}/usage``: one agent's calls (``by`` without ``agent``; default
     ``model``)."""
     return await _page(request, agent(request).id, tuple(g for g in GROUPS if g != "agent"))
+
+
+def _by_param(groups: tuple[str, ...]) -> dict[str, object]:
+    keys = "|".join(groups)
+    return param(
+        "by", "query", f"Comma-separated keys to group by, each once: {', '.join(groups)}",
+        {"type": "string", "pattern": f"^({keys})(,({keys}))*$"}, required=False,
+    )  # fmt: skip
+
+
+_RANGE = [
+    param(name, "query", f"{what} (ISO 8601 instant, or a date: its UTC midnight)",
+          {"type": "string", "pattern": INSTANT}, required=False)
+    for name, what in (("from", "From, inclusive"), ("to", "To, exclusive"))
+]  # fmt: skip
+
+AGENT_USAGE = Operation(
+    "GET",
+    "/v1/agents/{agent}/usage",
+    agent_usage,
+    "One agent's usage and cost over [from, to), grouped by model, session or day",
+    {"200": answer(UsagePage, "Usage buckets")},
+    params=[AGENT, _by_param(("model", "session", "day")), *_RANGE],
+)
+USAGE = Operation(
+    "GET",
+    "/v1/usage",
+    usage,
+    "Usage and cost of the agents' model calls over [from, to), grouped by agent, model, "
+    "session or day; cost by the node's price table, null with costReason when a model has "
+    "no price",
+    {"200": answer(UsagePage, "Usage buckets")},
+    params=[_by_param(("agent", "model", "session", "day")), *_RANGE],
+    errors=("400", "401"),
+)

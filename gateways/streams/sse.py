@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import difflib
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
-from typing import Literal
 
 import msgspec
 from starlette.requests import HTTPConnection, Request
@@ -27,21 +25,28 @@ from gateways.api.common import (
     ApiError,
     agent,
     cursor_param,
-    decode_body,
     not_ready,
     principal,
-    read_body,
     refuse_archived,
-    refused,
     runtime,
     visible_agent,
 )
 from gateways.api.schemas import AcceptedBody
 from gateways.api.turns import load_turn
 from gateways.http import metrics
-from gateways.http.errors import json_response
-from gateways.ingress import session_key_problem
-from gateways.streams.tokens import DEFAULT_TTL_S, MAX_TTL_S, StreamGrant, StreamTokens, grant
+from gateways.http.operation import (
+    AFTER,
+    AGENT,
+    CHUNKS,
+    REASONING,
+    SSE,
+    SSE_FRAME,
+    TURN,
+    TYPES,
+    Operation,
+    param,
+)
+from gateways.streams.tokens import StreamGrant
 
 HEARTBEAT_S = 15.0
 HEADERS = {
@@ -251,6 +256,28 @@ async def turn_stream(request: Request) -> Response:
     )
 
 
+TURN_STREAM = Operation(
+    "GET",
+    "/v1/agents/{agent}/turns/{turn_id}/stream",
+    turn_stream,
+    "Live stream of a turn (SSE), lossless resume",
+    {
+        "200": {
+            "description": "SSE: `stream.replay`, then event frames (`id:` is the cursor), then "
+            "`stream.ended` after `turn.end`",
+            "content": {SSE: {"schema": SSE_FRAME}},
+        },
+        "204": {
+            "description": "A reconnect whose `Last-Event-ID` is at or past the turn's "
+            "`turn.end`: nothing more will come (an EventSource stops)"
+        },
+    },
+    params=[AGENT, TURN, AFTER, CHUNKS, REASONING, TYPES],
+    errors=("400", "401", "403", "404"),
+    security="stream",
+)
+
+
 def held_session(request: HTTPConnection, turn_id: str, agent_id: str) -> str | None:
     """The session of a turn of ``agent_id`` that memory holds from its ``turn.start`` and the
     caller may see, or None (then the turn is looked up in Postgres, which also says 404)."""
@@ -363,7 +390,7 @@ def _ended_frame(turn_id: str, event: RecordedEvent) -> bytes:
     return frame("stream.ended", _ENCODE.encode(end))
 
 
-# --- stream tokens (gateways/streams/tokens.py): what one may read, and issuing one -------------
+# --- stream tokens (gateways/streams/tokens.py): what one may read -----------------------------
 
 
 def wrong_agent(allowed: StreamGrant, agent_id: str) -> ApiError:
@@ -423,73 +450,6 @@ def session_problem(
     return None
 
 
-class TokenRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
-                   forbid_unknown_fields=True):  # fmt: skip
-    agent_id: str
-    turn_id: str | None = None
-    session_key: str | None = None
-    ttl_s: float = float(DEFAULT_TTL_S)
-    """Whole seconds; a float so that ``300.0`` (an integer to JSON Schema) is one too."""
-
-
-class IssuedToken(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
-    token: str
-    expires_at: str
-    agent_id: str
-    ttl_s: int
-    scope: Literal["turn", "session", "agent"]
-    """What the token reads: one turn's stream, one session's, or every session of the agent
-    (the firehose with ``agentId``, and any of its turns' streams)."""
-    turn_id: str | None = None
-    session_key: str | None = None
-
-
-async def create_stream_token(request: Request) -> Response:
-    """``POST /v1/stream-tokens``: a read-only token for one turn's stream, one session's, or
-    (``agentId`` alone) the agent's: all of its sessions."""
-    tokens: StreamTokens = request.app.state.stream_tokens
-    body: TokenRequest = decode_body(await read_body(request), TokenRequest)
-    if body.turn_id is not None and body.session_key is not None:
-        raise ApiError(
-            400,
-            "stream_token_target_invalid",
-            "a stream token is for one turn, one session, or all of an agent's sessions",
-            "send turnId or sessionKey, not both (neither: a token for the agent's whole stream)",
-            "turnId",
-        )
-    if not (1 <= body.ttl_s <= MAX_TTL_S and float(body.ttl_s).is_integer()):
-        raise ApiError(
-            400,
-            "stream_token_ttl_invalid",
-            f"ttlS={body.ttl_s:g} is not a whole number from 1 to {MAX_TTL_S}",
-            f"ask for 1 to {MAX_TTL_S} seconds (default {DEFAULT_TTL_S})",
-            "ttlS",
-        )
-    agent_id = visible_agent(request, body.agent_id, "agentId").id
-    if body.turn_id is not None:
-        await load_turn(request, body.turn_id, agent_id)  # 404 unless the turn is the agent's
-    elif body.session_key is not None and (problem := session_key_problem(body.session_key)):
-        raise refused(problem)
-    ttl_s = int(body.ttl_s)
-    given = grant(agent_id, turn=body.turn_id, session=body.session_key, ttl_s=ttl_s)
-    issued = IssuedToken(
-        token=tokens.issue(given),
-        expires_at=datetime.fromtimestamp(given.expires, UTC).isoformat().replace("+00:00", "Z"),
-        agent_id=agent_id,
-        ttl_s=ttl_s,
-        scope=_scope(body),
-        turn_id=body.turn_id,
-        session_key=body.session_key,
-    )
-    return json_response(issued, 201)
-
-
-def _scope(body: TokenRequest) -> Literal["turn", "session", "agent"]:
-    if body.turn_id is not None:
-        return "turn"
-    return "agent" if body.session_key is None else "session"
-
-
 # --- the firehose ------------------------------------------------------------------------------
 
 
@@ -546,3 +506,22 @@ async def events_stream(request: Request) -> Response:
                         yield event_frame(event, node)
 
     return EventStream(frames(), headers=HEADERS, media_type="text/event-stream; charset=utf-8")
+
+
+EVENTS_STREAM = Operation(
+    "GET",
+    "/v1/events",
+    events_stream,
+    "Firehose (SSE)",
+    {"200": {"description": "SSE", "content": {SSE: {"schema": SSE_FRAME}}}},
+    params=[
+        param("agentId", "query", "Only this agent", required=False),
+        param("sessionKey", "query", "Only this session", required=False),
+        TYPES,
+        AFTER,
+        CHUNKS,
+        REASONING,
+    ],
+    errors=("400", "401", "403", "404"),
+    security="stream",
+)
