@@ -14,7 +14,14 @@ from gateways.http.errors import json_response
 async def list_agents(request: Request) -> Response:
     who = principal(request)
     agents = [
-        AgentInfo(id=a.id, name=a.name, status=a.status, model=a.model, provider=a.provider)
+        AgentInfo(
+            id=a.id,
+            name=a.name,
+            status=a.status,
+            model=a.model,
+            provider=a.provider,
+            phase=a.phase,
+        )
         for a in runtime(request).agent_details().values()
         if who.sees(a.id)
     ]

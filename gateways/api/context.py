@@ -30,7 +30,7 @@ class ContextReader(Protocol):
     """What these routes need of the engine (actors/session/directory.py)."""
 
     async def context(
-        self, agent_id: str, session_key: str, text: str = "", messages: bool = False
+        self, agent_id: str, session_key: str | None, text: str = "", messages: bool = False
     ) -> SessionContext | Refused: ...
 
     async def turn_context(self, agent_id: str, turn_id: str) -> TurnContext | Refused: ...
@@ -72,12 +72,11 @@ async def turn_context(request: Request) -> Response:
     return json_response(result)
 
 
-def _session_key(request: Request) -> str:
+def _session_key(request: Request) -> str | None:
+    """The session asked about; None without ``?sessionKey`` (a new session's context)."""
     key = request.query_params.get("sessionKey")
     if key is None:
-        raise ApiError(400, "session_key_required", "the context of which session?",
-                       "pass ?sessionKey=<key> (GET .../sessions lists them)",
-                       "sessionKey")  # fmt: skip
+        return None
     if "/" in key or not key or len(key) > MAX_SESSION_KEY:
         why = "contains '/'" if "/" in key else f"has {len(key)} characters"
         raise ApiError(400, "session_key_invalid", f"the session key {why}: no session has it",

@@ -33,6 +33,7 @@ from gateways.api.schemas import (
     MessageBody,
     MessagePage,
     PhaseBody,
+    PhaseSet,
     Ready,
     SessionSummary,
     SkillList,
@@ -71,6 +72,7 @@ _TYPES: tuple[Any, ...] = (
     MessageBody,
     MessagePage,
     PhaseBody,
+    PhaseSet,
     Ready,
     SessionSummary,
     SkillList,
@@ -423,21 +425,23 @@ def _paths() -> dict[str, Any]:
         },
         agent + "/context": {
             "get": _op(
-                "The context the session's next turn would assemble, block by block with tokens",
+                "The context the session's next turn would assemble (without sessionKey: a new "
+                "session's first turn), block by block with tokens",
                 {"200": _json(_ref(SessionContext), "The context (no input yet)")},
                 params=[
                     AGENT,
                     _param(
                         "sessionKey",
                         "query",
-                        "The session (any key: a session without turns has an empty history)",
+                        "The session (any key: a session without turns has an empty history); "
+                        "left out: a new session",
                         {
                             "type": "string",
                             "minLength": 1,
                             "maxLength": MAX_SESSION_KEY,
                             "pattern": SESSION_KEY,
                         },
-                        required=True,
+                        required=False,
                     ),
                     _param(
                         "input",
@@ -690,9 +694,9 @@ def _paths() -> dict[str, Any]:
         },
         session + "/phase": {
             "post": _op(
-                "Set the session's phase (Dispach v1): checked, then refused, since this "
-                "runtime has no phases",
-                {"501": _json(_ref(ErrorEnvelope), "`phases_not_supported`")},
+                "Move the session to a phase its agent declares (null: the entry phase); its "
+                "next turn sees that phase's tools. `400 phase_invalid` for any other",
+                {"200": _json(_ref(PhaseSet), "The session's phase now")},
                 params=[AGENT, KEY],
                 body=PhaseBody,
                 errors=("400", "401", "404", "413", "415", "503"),
