@@ -12,6 +12,7 @@ from actors.context.compact import Digester
 from actors.context.policy import ContextPolicy
 from actors.model import Model, Reasoning
 from actors.outbox import Channel
+from actors.phases import Phases, PhaseView
 from actors.schedule.plan import ScheduleSpec
 from actors.tools import ToolRegistry
 from actors.turn.core import Limits
@@ -30,6 +31,8 @@ class Agent:
     """Instructions, configuration, reminders and the tool catalogue: the stable prefix."""
     tools: ToolRegistry
     limits: Limits
+    phases: Phases | None = None
+    """The manifest's phases, each phase's tools and pinned prefix (None: no phases)."""
     concurrency: Concurrency = "queue"
     channels: Mapping[str, Channel] = field(default_factory=dict)
     """The agent's delivery channels by id (Telegram, webhook)."""
@@ -45,3 +48,10 @@ class Agent:
     go once more with twice the budget."""
     budget: Budget = field(default_factory=Budget)
     """The manifest's daily limits (``limits.daily_cost_usd``, ``limits.daily_tokens``)."""
+
+    def view(self, phase: str | None) -> PhaseView:
+        """What a session in ``phase`` (None: the entry phase) offers its model: the phase's
+        pinned prefix and the registry that checks its calls; without phases, every tool."""
+        if self.phases is None:
+            return PhaseView("", self.pinned, self.tools)
+        return self.phases.view(phase)

@@ -294,7 +294,8 @@ class SessionContext(_View, frozen=True):
     figures of ``context.pressure``."""
 
     agent_id: str
-    session_key: str
+    session_key: str | None
+    """Null: no session named, the context a new session's first turn would assemble."""
     slots: list[ContextBlock]
     total: int
     """The slots' tokens, summed (local estimates)."""
@@ -320,6 +321,10 @@ class SessionContext(_View, frozen=True):
     """With ``?messages=true``: the request's messages as the model would get them."""
     system: list[dict[str, Any]] | None = None
     """With ``?messages=true``: the request's system blocks as the model would get them."""
+    phase: str | None = None
+    """The phase the session is in (null: the agent declares none); ``tools`` are its."""
+    tools: list[str] = msgspec.field(default_factory=list)
+    """The names of the tools the model is offered (the ``tools`` slot's)."""
 
 
 class ContextStep(_View, frozen=True):

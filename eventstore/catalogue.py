@@ -546,6 +546,20 @@ class SessionNote(Event, frozen=True):
     turn_id: str | None = None
 
 
+class PhaseChanged(Event, frozen=True):
+    """The session moved to another phase (its manifest's ``phases``), so the tools its model
+    sees changed: by the ``phase_set`` tool inside a turn (in the turn's stream: the turn's next
+    step sees the new phase's tools) or by ``POST …/sessions/{key}/phase`` (in the session's
+    stream: its next turn does). ``from`` is the phase it left (null when a session without a
+    row yet has none to name); ``tools`` how many tools the new phase shows the model."""
+
+    TYPE: ClassVar[str] = "phase.changed"
+    to: str
+    from_: str | None = msgspec.field(default=None, name="from")
+    by: Literal["tool", "api"] = "tool"
+    tools: int = 0
+
+
 register(
     TurnStart,
     TurnAttempt,
@@ -578,4 +592,5 @@ register(
     SessionCleared,
     SessionForked,
     SessionNote,
+    PhaseChanged,
 )

@@ -107,7 +107,7 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
     model = providers.model(manifest.model, env, manifest.id, "model")
     policy = _context_policy(manifest)
     provider = providers.chosen(manifest.model, env)
-    registry, pinned = catalogue(manifest, model, policy, provider, sources)
+    registry, pinned, phases = catalogue(manifest, model, policy, provider, sources)
     limits = manifest.limits
     agent = Agent(
         id=manifest.id,
@@ -119,6 +119,7 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
         max_tokens_per_call=manifest.model.max_output_tokens,
         pinned=pinned,
         tools=registry,
+        phases=phases,
         limits=Limits(
             max_steps=limits.max_steps,
             turn_timeout_s=limits.turn_timeout_s,
@@ -157,9 +158,9 @@ def with_tools(agent: Agent, manifest: Manifest, env: dict[str, str],
     """``agent`` with its tool list built again (a source's tools changed): the same model and
     channels, a new registry and pinned prefix."""
     provider = providers.chosen(manifest.model, env)
-    registry, pinned = catalogue(manifest, agent.model, agent.context, provider, sources)
+    registry, pinned, phases = catalogue(manifest, agent.model, agent.context, provider, sources)
     log.info("agent_tools_changed", agent=agent.id, tools=registry.names)
-    return dataclasses.replace(agent, tools=registry, pinned=pinned)
+    return dataclasses.replace(agent, tools=registry, pinned=pinned, phases=phases)
 
 
 def check_schedules(manifest: Manifest, channels: Mapping[str, Channel]) -> None:

@@ -36,6 +36,16 @@ class ToolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     model is told the call was refused."""
     untrusted_output: bool = False
     """What the tool returns comes from outside (a web page, a mail)."""
+    tags: list[str] = msgspec.field(default_factory=list)
+    """What a phase's ``allow`` matches as ``tag:<t>``."""
+
+
+class PhaseConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One phase: the tools its model sees (names, ``tag:<t>``, or ``*``)."""
+
+    allow: Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+    entry: bool = False
+    """Sessions start here (else in the first phase declared)."""
 
 
 class LimitsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -107,6 +117,11 @@ class Manifest(Declarations, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     session: SessionConfig = SessionConfig()
     channels: list[ChannelConfig] = msgspec.field(default_factory=list)
     schedules: list[ScheduleSpec] = msgspec.field(default_factory=list)
+    phases: dict[Annotated[str, msgspec.Meta(pattern=_ID)], PhaseConfig] = msgspec.field(
+        default_factory=dict
+    )
+    """Which tools the model sees, by the session's phase (actors/phases.py); empty: every
+    tool, always."""
 
 
 DEFAULT = Manifest(

@@ -35,7 +35,6 @@ _ON_MUTATE = {"refuse": "deny", "confirm": "ask", "allow": "allow"}
 
 _SECTIONS = {
     "extends": "the base manifest is not merged (translate reads no files); merge it in first",
-    "phases": "phase-scoped tool sets have no equivalent: every tool is offered in every step",
     "skills": "skills are not supported",
     "knowledge": "keyword-gated knowledge files are not supported",
     "memory": "long-term memory is not supported (session_notes keeps notes per session)",
@@ -115,7 +114,9 @@ def translate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     schedules = _schedules(source.get("schedules") or [], {c["id"] for c in channels}, notes)
     if schedules:
         out["schedules"] = schedules
+    out["phases"] = _phases(source.get("phases") or {}, tools, notes)
     known = {
+        "phases",
         "apiVersion",
         "id",
         "name",
@@ -133,6 +134,33 @@ def translate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
             notes.append(f"{key}: not a field of the v1 schema")
     notes.extend(_env_notes(out, ""))
     return out, notes
+
+
+def _phases(phases: Any, tools: list[Any], notes: list[str]) -> dict[str, Any]:
+    """The original's ``phases`` (the same shape as ours), their allow entries named as ours:
+    an entry for a tool not carried over, or a tag (the original's tools' tags are not), is
+    left out with a note, so the load does not fail on what translate dropped."""
+    if not isinstance(phases, dict):
+        raise V1ManifestError("phases must be a mapping", "write phases: {name: {allow: [...]}}",
+                              field="phases")  # fmt: skip
+    carried = {t if isinstance(t, str) else t["name"] for t in tools}
+    out: dict[str, Any] = {}
+    for name, phase in phases.items():
+        if not isinstance(phase, dict) or not isinstance(phase.get("allow"), list):
+            raise V1ManifestError(f"phases.{name} has no allow list",
+                                  f'write phases.{name}: {{allow: ["*"]}}',
+                                  field=f"phases.{name}")  # fmt: skip
+        allow = []
+        for entry in phase["allow"]:
+            ours = _LOCAL_TOOLS.get(entry, entry)
+            if ours in ("*", "phase_set") or ours in carried:
+                allow.append(ours)
+            else:
+                notes.append(f"phases.{name}.allow: {entry} is not a tool carried over")
+        # A phase left with nothing of its own still shows phase_set (a way out).
+        out[name] = {"allow": allow or ["phase_set"],
+                     **({"entry": True} if phase.get("entry") is True else {})}  # fmt: skip
+    return out
 
 
 def _section(source: dict[str, Any], key: str) -> dict[str, Any]:

@@ -555,7 +555,11 @@ def agent_detail(agent: Agent) -> AgentDetail:
         concurrency=agent.concurrency,
         limits=msgspec.to_builtins(agent.limits),
         max_output_tokens=agent.max_tokens_per_call,
-    )
+        phase=None if agent.phases is None else agent.phases.entry,
+        entry_phase=None if agent.phases is None else agent.phases.entry,
+        phases={} if agent.phases is None else
+        {name: len(view.tools.names) for name, view in agent.phases.views.items()},
+    )  # fmt: skip
 
 
 async def _tell(actor: pykka.ActorRef[Any], message: object) -> None:

@@ -11,9 +11,11 @@ from typing import Any
 import msgspec
 import structlog
 
+from actors import phases as phasing
 from actors.context.assemble import Block, Pinned
 from actors.context.policy import ContextPolicy
 from actors.model import Model
+from actors.phases import Phases
 from actors.tools import BUILTINS, StaticSource, ToolRegistry, ToolSource, ToolSpec, load_custom
 from gateways.manifests import ManifestError
 from gateways.model.config import SERVER_TOOL_TYPES, ServerToolConfig
@@ -23,11 +25,19 @@ from runtime.manifest_schema import Instruction, Manifest, ToolConfig
 log = structlog.get_logger("dispach.agents")
 
 
-def catalogue(manifest: Manifest, model: Model, policy: ContextPolicy, provider: Provider,
-              sources: Sequence[ToolSource]) -> tuple[ToolRegistry, Pinned]:  # fmt: skip
-    """The agent's tools, from its sources in order (its own, then its live sources'), and its
-    pinned prefix. A name its own tools use twice is a manifest error (DuplicateTool); a tool
-    of another source whose name is taken already is left out, and said so."""
+class PhaseAllowUnmatched(ManifestError):
+    code = "phase_allow_unmatched"
+
+
+def catalogue(
+    manifest: Manifest, model: Model, policy: ContextPolicy, provider: Provider,
+    sources: Sequence[ToolSource],
+) -> tuple[ToolRegistry, Pinned, Phases | None]:  # fmt: skip
+    """The agent's tools, from its sources in order (its own, then its live sources'), its
+    pinned prefix, and its phases' views when it declares phases. A name its own tools use
+    twice is a manifest error (DuplicateTool); a tool of another source whose name is taken
+    already is left out, and said so; a phase's allow entry that names no tool fails the load
+    (PhaseAllowUnmatched)."""
     own = [_tool(manifest, t) for t in manifest.tools]
     if (own or sources) and "artifact_read" not in {t.name for t in own}:
         # Compaction shortens old tool results and names this tool to read them whole.
@@ -47,7 +57,41 @@ def catalogue(manifest: Manifest, model: Model, policy: ContextPolicy, provider:
             tools.append(spec)
     registry = ToolRegistry(tools)
     server = _server_tools(manifest, provider, set(registry.names))
-    return registry, _pinned(manifest, model, registry, policy, server)
+    pinned = _pinned(manifest, model, registry, policy, server)
+    return registry, pinned, _phases(manifest, tools, server, pinned)
+
+
+def _phases(manifest: Manifest, tools: list[ToolSpec], server: list[dict[str, Any]],
+            pinned: Pinned) -> Phases | None:  # fmt: skip
+    if not manifest.phases:
+        return None
+    declared = [phasing.Declared(name, tuple(p.allow), p.entry)
+                for name, p in manifest.phases.items()]  # fmt: skip
+    entries = [d.name for d in declared if d.entry]
+    if len(entries) > 1:
+        raise ManifestError(
+            f"agent {manifest.id!r}: phases {', '.join(entries)} are all marked entry",
+            "mark one phase `entry: true` (or none: sessions then start in the first)",
+            field="phases",
+        )
+    # A server tool is matched by its name, like the agent's own (it has no tags).
+    named = [*tools, *(ToolSpec(name=t["name"], description="", input_schema={},
+                                mutating=False, run=_never) for t in server)]  # fmt: skip
+    missing = phasing.unmatched(declared, named)
+    if missing:
+        listed = ", ".join(f"phases.{phase}.allow: {entry}" for phase, entry in missing)
+        raise PhaseAllowUnmatched(
+            f"agent {manifest.id!r}: {len(missing)} phase allow "
+            f"{'entry names' if len(missing) == 1 else 'entries name'} no tool: {listed}",
+            "an allow entry is a tool's name, tag:<t> (a tag of a tool's `tags`) or *; the "
+            f"agent's tools: {', '.join(t.name for t in named) or 'none'}",
+            field=f"phases.{missing[0][0]}.allow",
+        )
+    return phasing.build(declared, tools, server, pinned)
+
+
+def _never(args: dict[str, Any], ctx: object) -> str:  # pragma: no cover - never run
+    raise AssertionError("a stand-in for a server tool's name is never run")
 
 
 def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry, policy: ContextPolicy,
@@ -74,7 +118,12 @@ def _configuration(manifest: Manifest, model: Model, tools: ToolRegistry,
     lines = [
         f"About you, as configured: agent {manifest.id!r} ({manifest.name or manifest.id}), "
         f"model {model.label}, context window {policy.window} tokens.",
-        f"Tools: {', '.join(t.name for t in specs) or 'none'}."
+        (
+            f"Tools: {', '.join(t.name for t in specs) or 'none'}."
+            if not manifest.phases
+            else f"Tools: which you have depends on the conversation's phase "
+            f"({', '.join(manifest.phases)})."
+        )
         + (f" Each call of {', '.join(asks)} waits for a person's approval." if asks else "")
         + (f" {', '.join(denied)} may not be used." if denied else ""),
         f"Channels: {', '.join(c.id for c in manifest.channels if c.enabled) or 'none'}.",
@@ -137,8 +186,9 @@ def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
         if config.timeout_s is not None:
             spec = dataclasses.replace(spec, timeout_s=config.timeout_s)
         return dataclasses.replace(
-            spec, policy=config.policy, untrusted_output=config.untrusted_output
-        )
+            spec, policy=config.policy, untrusted_output=config.untrusted_output,
+            tags=tuple(config.tags),
+        )  # fmt: skip
     if config.input_schema is None:
         raise ManifestError(
             f"agent {manifest.id!r}: tool {config.name!r} has a module but no input_schema",
@@ -154,5 +204,6 @@ def _tool(manifest: Manifest, entry: str | ToolConfig) -> ToolSpec:
         config.timeout_s,
     )
     return dataclasses.replace(
-        custom, policy=config.policy, untrusted_output=config.untrusted_output
-    )
+        custom, policy=config.policy, untrusted_output=config.untrusted_output,
+        tags=tuple(config.tags),
+    )  # fmt: skip

@@ -106,8 +106,9 @@ JSON_BODY = {"Content-Type": "application/json"}
 
 
 def cleared_body(key: str) -> Json:
-    """The answer to clearing session ``key`` (v1's; no memory files outlive it here)."""
-    return {"cleared": key, "memoryFilesKept": False}
+    """The answer to clearing session ``key`` (v1's flag: nothing beyond the session is
+    touched; what the session starts again without)."""
+    return {"cleared": key, "memoryFilesKept": True, "reset": ["history", "notes", "phase"]}
 
 
 def error_of(response: httpx.Response, status: int, code: str) -> Json:

@@ -439,7 +439,8 @@ async def test_stop_grant_and_clear_through_a_node_that_does_not_own_the_session
     # clear
     cleared = await deployment.http.delete(f"{other.url}/v1/agents/worker/sessions/{gated_key}")
     assert cleared.status_code == 200, cleared.text
-    assert cleared.json() == {"cleared": gated_key, "memoryFilesKept": False}
+    assert cleared.json() == {"cleared": gated_key, "memoryFilesKept": True,
+                              "reset": ["history", "notes", "phase"]}  # fmt: skip
     marks = [r for r in await deployment.log.rows(["session.cleared"])
              if r.session_key == gated_key]  # fmt: skip
     assert len(marks) == 1, marks

@@ -358,7 +358,6 @@ async def test_a_later_turn_read_what_the_context_view_showed_before_it(api: Api
 @pytest.mark.parametrize(
     ("params", "status", "code", "field"),
     [
-        ({}, 400, "session_key_required", "sessionKey"),
         ({"sessionKey": ""}, 400, "session_key_invalid", "sessionKey"),
         ({"sessionKey": "a/b"}, 400, "session_key_invalid", "sessionKey"),
         ({"sessionKey": "k" * 513}, 400, "session_key_invalid", "sessionKey"),

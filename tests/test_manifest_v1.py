@@ -235,7 +235,6 @@ def test_telegram_channels_and_their_schedules_are_carried_over() -> None:
 def test_sections_without_an_equivalent_are_noted() -> None:
     sections = {
         "extends": "./base.agent.yaml",
-        "phases": {"triage": {"allow": ["now"], "entry": True}},
         "skills": {"dir": "./skills"},
         "knowledge": {"dir": "./knowledge"},
         "memory": {},

@@ -142,6 +142,7 @@ class Ctx:
     agent_id = session_key = turn_id = call_id = ""
     notes: Any = None
     artifacts: Any = None
+    phases: Any = None
 
 
 def spec(result: object) -> ToolSpec:

@@ -59,8 +59,10 @@ UNDOCUMENTED = frozenset({"/metrics", "/v1/ws", "/", "/console", "/console/{path
 STOP = "POST /v1/agents/{agent}/turns/{turn_id}/stop"
 RELOAD = "POST /v1/agents/{agent}/reload"
 PHASE = "POST /v1/agents/{agent}/sessions/{key}/phase"
-# v1 operations this runtime refuses by design with a 501 (a 5xx: "not a server error" would
-# flag every answer): not generated for; test_the_operations_v1_has_and_we_refuse sends them.
+# Not generated for; test_the_operations_v1_has_and_we_refuse sends them. Reload is refused by
+# design with a 501 (a 5xx: "not a server error" would flag every answer); a phase is valid only
+# when the agent declares it, which the document cannot say for every agent (the default agent
+# declares none), so generated "valid" phases are refused.
 UNSUPPORTED = frozenset({RELOAD, PHASE})
 MESSAGES = "POST /v1/agents/{agent}/messages"
 FORK = "POST /v1/agents/{agent}/sessions/{key}/fork"
@@ -551,15 +553,16 @@ async def test_forks_by_hand(api: ApiServer) -> None:
 @pytest.mark.asyncio
 async def test_the_operations_v1_has_and_we_refuse(api: ApiServer) -> None:
     """Reload and a session's phase answer as the document says: the envelope, with a status
-    it declares (400 for a phase of the wrong type, as v1 checks it; else 501)."""
+    it declares (501 for reload; 400 for a phase the agent does not declare or of the wrong
+    type)."""
     raw = await document(api)
     cases = [
         ("POST", "/v1/agents/assistant/reload", None, RELOAD, 501, "reload_not_supported"),
         ("POST", "/v1/agents/nobody/reload", None, RELOAD, 404, "agent_not_found"),
-        ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": "triage"}, PHASE, 501,
-         "phases_not_supported"),
-        ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": None}, PHASE, 501,
-         "phases_not_supported"),
+        ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": "triage"}, PHASE, 400,
+         "phase_invalid"),
+        ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": None}, PHASE, 400,
+         "phase_invalid"),
         ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": 3}, PHASE, 400,
          "phase_invalid"),
         ("POST", "/v1/agents/assistant/sessions/s1/phase", {}, PHASE, 400, "phase_invalid"),

@@ -38,7 +38,7 @@ from actors.tools import (
 from actors.tools._calculator import MAX_LENGTH
 from actors.tools.notes import evolve, replay
 from actors.tools.registry import json_path
-from actors.tools.spec import Artifacts
+from actors.tools.spec import Artifacts, PhaseSwitch
 from eventstore import Event, Metadata, NewEvent, UnknownEvent, streams
 from eventstore.catalogue import ModelChunk, SessionCleared, SessionNote
 from tests import fixtures_tools
@@ -78,6 +78,7 @@ class Ctx:
     session_key: str = "tg:1"
     turn_id: str = "t_1"
     call_id: str = "c_1"
+    phases: PhaseSwitch | None = None
 
 
 CTX = Ctx(NoNotes())

@@ -3,7 +3,9 @@
 The order is fixed, and everything that does not change between turns comes first, so the
 provider can cache the prefix::
 
-    tools                    pinned   the catalogue (sent as JSON Schema)
+    tools                    pinned   the catalogue (sent as JSON Schema); a phased agent's
+                                      has a breakpoint after the tools every phase shows
+                                      (actors/phases.py)
     system: instructions     pinned   one block per manifest instruction (identity, rules, ...)
     system: configuration    pinned   the agent's own setup, rendered once at load
     system: reminders        pinned   re-asserted rules              <- cache breakpoint 1
@@ -66,10 +68,14 @@ class Pinned:
     tools: list[dict[str, Any]]
     _tokens: tuple[int, ...] = field(init=False, repr=False)
     _tools_tokens: int = field(init=False, repr=False)
+    _tools_breakpoints: int = field(init=False, repr=False)
+    """Cache breakpoints inside the tools (a phased agent's, actors/phases.py)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_tokens", tuple(text_tokens(b.text) for b in self.system))
         object.__setattr__(self, "_tools_tokens", estimate(self.tools) if self.tools else 0)
+        marked = sum(1 for t in self.tools if "cache_control" in t)
+        object.__setattr__(self, "_tools_breakpoints", marked)
 
 
 class Assembly(msgspec.Struct, frozen=True, kw_only=True):
@@ -221,7 +227,7 @@ def assemble(
     if history.last_error:
         system.append({"type": "text", "text": history.last_error})
         slot("last error", text_tokens(history.last_error), True, history.last_error)
-    breakpoints = 0
+    breakpoints = pinned._tools_breakpoints
     if stable:
         system[stable - 1] = {**system[stable - 1], "cache_control": _BREAKPOINT}
         breakpoints += 1

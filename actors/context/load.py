@@ -18,6 +18,7 @@ from eventstore import EventStore
 _SQL = resources.files("actors.context").joinpath("sql")
 _HISTORY = _SQL.joinpath("history.sql").read_text().encode()
 _ARTIFACT = _SQL.joinpath("artifact.sql").read_text().encode()
+_PHASE = _SQL.joinpath("phase.sql").read_text().encode()
 _JSON = msgspec.json.Decoder(Any)
 _VIEW, _LAST_END = 0, 1
 """The kinds of sql/history.sql's rows besides the history's own (2)."""
@@ -74,4 +75,13 @@ async def artifact(store: EventStore, agent_id: str, session_key: str, obs_id: s
     for (text,) in rows:
         body = _JSON.decode(text).get("content")
         return body if isinstance(body, str) else msgspec.json.encode(body).decode()
+    return None
+
+
+async def phase(store: EventStore, agent_id: str, session_key: str) -> str | None:
+    """The phase the session is in (None: the entry phase). Read when a turn of a phased agent
+    begins, not held with the history: ``POST …/phase`` changes it between turns."""
+    rows = await store.afetch(_PHASE, {"agent_id": agent_id, "session_key": session_key})
+    for (name,) in rows:
+        return name  # type: ignore[no-any-return]
     return None

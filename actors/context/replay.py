@@ -14,6 +14,7 @@ from collections import defaultdict
 from importlib import resources
 from typing import Any
 
+from actors import phases
 from actors.agent import Agent
 from actors.context import rungs
 from actors.context.assemble import assemble
@@ -27,6 +28,7 @@ from eventstore.catalogue import (
     ContextAssembled,
     ModelCall,
     ModelResult,
+    PhaseChanged,
     SessionCleared,
     SessionForked,
     ToolResult,
@@ -38,7 +40,7 @@ from eventstore.projections.sessions import history_row
 from eventstore.upcast import upcast
 
 _TYPES = [t.TYPE for t in (TurnStart, TurnAttempt, ModelResult, ToolResult, TurnEnd,
-                           CompactionStage)]  # fmt: skip
+                           CompactionStage, PhaseChanged)]  # fmt: skip
 _PAGE = 1000
 _EARLIER = resources.files("actors.context").joinpath("sql/earlier_turns.sql").read_text().encode()
 
@@ -55,16 +57,19 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
     history = _history_before(session, start, await _fork_starts(store, session))
     requests: list[dict[str, Any]] = []
     state = TurnState()
+    phase: str | None = None  # the session's when the run began, as the runner reads it
     for event in upcast(own):
         data = event.data
         if isinstance(data, TurnAttempt) or (isinstance(data, TurnStart) and data.attempt):
             history.notes = _notes_before(session, event.position)
+            phase = _phase_before(session, event.position)
         elif isinstance(data, CompactionStage):
             rungs.replay(history, data)
         elif _request(data):
-            built = assemble(agent.pinned, history, state.input, state.transcript,
+            pinned = agent.view(state.phase or phase).pinned
+            built = assemble(pinned, history, state.input, state.transcript,
                              agent.context.excerpt_keep)  # fmt: skip
-            requests.append({"system": built.system, "tools": agent.pinned.tools,
+            requests.append({"system": built.system, "tools": pinned.tools,
                              "messages": built.messages})  # fmt: skip
         state = apply(state, data, version=event.version, turn_id=turn_id)
     return requests
@@ -175,3 +180,12 @@ def _notes_before(session: list[RecordedEvent], position: int) -> tuple[str, ...
             break
         notes = session_notes.evolve(notes, event.data)
     return notes
+
+
+def _phase_before(session: list[RecordedEvent], position: int) -> str | None:
+    phase: str | None = None
+    for event in session:
+        if event.position >= position:
+            break
+        phase = phases.evolve(phase, event.data)
+    return phase

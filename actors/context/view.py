@@ -20,13 +20,20 @@ from actors.messages import (
 
 
 def session_context(
-    agent: Agent, session_key: str, history: History, text: str = "", messages: bool = False
+    agent: Agent,
+    session_key: str | None,
+    history: History,
+    phase: str | None,
+    text: str = "",
+    messages: bool = False,
 ) -> SessionContext:
     """The first request of the session's next turn for the input ``text``, before compaction,
-    as blocks with their tokens and texts. Without an input (``""``) the input slot and block
-    are left out."""
+    as blocks with their tokens and texts, with the tools of the session's ``phase`` (None:
+    the entry phase). Without an input (``""``) the input slot and block are left out; without
+    a session (``session_key`` None), ``history`` is empty: a new session's first turn."""
     policy = agent.context
-    built = assemble(agent.pinned, history, text, (), policy.excerpt_keep)
+    view = agent.view(phase)
+    built = assemble(view.pinned, history, text, (), policy.excerpt_keep)
     digest = history.view.digest
     slots = [
         ContextBlock(slot=s.slot, label=s.label, pinned=s.pinned, tokens=s.tokens, text=shown)
@@ -55,6 +62,8 @@ def session_context(
         ),
         messages=sent if messages else None,
         system=built.system if messages else None,
+        phase=view.name or None,
+        tools=view.tools.names,
     )  # fmt: skip
 
 

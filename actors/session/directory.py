@@ -20,6 +20,7 @@ from actors.cluster.partitions import partition_of
 from actors.context import fork as forks
 from actors.context.history import History
 from actors.context.load import load
+from actors.context.load import phase as load_phase
 from actors.context.replay import replay
 from actors.context.view import session_context
 from actors.host import ActorHost
@@ -256,15 +257,21 @@ class SessionDirectory:
         return resolved
 
     async def context(
-        self, agent_id: str, session_key: str, text: str = "", messages: bool = False
+        self, agent_id: str, session_key: str | None, text: str = "", messages: bool = False
     ) -> SessionContext | Refused:
         """The context the session's next turn would assemble for ``text`` (none: no input
-        yet), block by block. Reading it activates no session actor."""
+        yet), block by block, in the phase it is in; without a session, what a new session's
+        first turn would. Reading it activates no session actor."""
         agent = self.agents.get(agent_id)
         if agent is None:
             return _no_agent(agent_id, self.agents)
+        if session_key is None:  # what a new session would see: no history, the entry phase
+            return session_context(agent, None, History(), None, text, messages)
         history = await self._history(agent_id, session_key)
-        return session_context(agent, session_key, history, text, messages)
+        phase = None
+        if agent.phases is not None:
+            phase = await load_phase(self.store, agent_id, session_key)
+        return session_context(agent, session_key, history, phase, text, messages)
 
     async def _history(self, agent_id: str, session_key: str) -> History:
         """The live actor's copy of the session's history when it holds one, else the history

@@ -33,6 +33,20 @@ class ToolContext(Protocol):
     @property
     def artifacts(self) -> Artifacts: ...
 
+    @property
+    def phases(self) -> PhaseSwitch | None:
+        """The session's phase, for ``phase_set`` (None: the agent has no phases)."""
+        ...
+
+
+class PhaseSwitch(Protocol):
+    """The door of ``phase_set`` to its turn (the turn runner holds the turn's phase)."""
+
+    async def set(self, to: str) -> int:
+        """Move the session to phase ``to`` from the turn's next model call on; returns how many
+        tools that phase shows."""
+        ...
+
 
 class Artifacts(Protocol):
     """The whole bodies of the session's tool results, which compaction may have shortened."""
@@ -82,6 +96,8 @@ class ToolSpec:
     mcp_server: str | None = None
     """The MCP server that runs it (its events say ``source: "mcp"``); None: a tool of this
     process."""
+    tags: tuple[str, ...] = ()
+    """What a phase's ``allow`` matches as ``tag:<t>`` (the manifest's ``tags``)."""
 
 
 class ToolOutcome(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,6 +21,7 @@ from eventstore.catalogue import (
     EndReason,
     ErrorDetail,
     ModelResult,
+    PhaseChanged,
     ToolCall,
     ToolRepair,
     ToolResult,
@@ -96,6 +97,9 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     last_finish_reason: str | None = None
     truncations: int = 0
     """Replies cut off by ``max_tokens`` and sent again with a larger budget."""
+    phase: str | None = None
+    """The phase ``phase_set`` moved the session to in this turn (None: it did not); the
+    turn's next model calls see that phase's tools."""
     ended: EndReason | None = None
 
     @property
@@ -109,7 +113,7 @@ def evolve(state: TurnState, event: RecordedEvent) -> TurnState:
     return apply(state, event.data, version=event.version, turn_id=event.metadata.turn_id)
 
 
-def apply(
+def apply(  # noqa: PLR0912 - one case per kind of event the turn folds
     state: TurnState, data: Event | UnknownEvent, *, version: int, turn_id: str | None = None
 ) -> TurnState:
     """The state after an event's data, stored at ``version`` of the turn's stream."""
@@ -153,6 +157,8 @@ def apply(
             )
         case ToolRepair():
             return replace(state, repairs=state.repairs + 1)
+        case PhaseChanged(to=to):
+            return replace(state, phase=to)
         case ApprovalRequested() | ApprovalResolved():
             return replace(state, approvals=_approvals(state.approvals, data))
         case TurnEnd(reason=reason):

@@ -13,7 +13,7 @@ import structlog
 
 from actors import ids, tracing
 from actors.agent import Agent
-from actors.context.assemble import Assembly
+from actors.context.assemble import Assembly, Pinned
 from actors.context.compact import Counter, prepare
 from actors.context.history import History
 from actors.metrics import MODEL_CALL_SECONDS, count_tokens
@@ -66,7 +66,7 @@ class Caller:
         """The answer's text so far of a call still running (None between calls)."""
         return "".join(self.chunks.partial) if self.in_call else None
 
-    def _counter(self) -> Counter | None:
+    def _counter(self, pinned: Pinned) -> Counter | None:
         """The provider's token count of a request, when the agent asks for one per call."""
         agent = self.agent
         count = getattr(agent.model, "count_tokens", None) if agent.context.count_tokens else None
@@ -76,7 +76,7 @@ class Caller:
         async def counter(assembly: Assembly) -> int | None:
             request = ModelRequest(model=agent.model_id, system=assembly.system,
                                    history=assembly.history, messages=assembly.tail,
-                                   tools=agent.pinned.tools, max_tokens=1)  # fmt: skip
+                                   tools=pinned.tools, max_tokens=1)  # fmt: skip
             try:
                 counted: int = await count(request)
             except ModelError as e:  # the local estimate serves; the call itself may still work
@@ -86,12 +86,13 @@ class Caller:
 
         return counter
 
-    async def call(self, history: History) -> Completed:
+    async def call(self, history: History, pinned: Pinned) -> Completed:
         """The step's model call (sent again once, larger, for a reply cut off when the
-        manifest says so); its events staged or sent on the journal."""
+        manifest says so) with ``pinned``, the prefix of the session's phase; its events staged
+        or sent on the journal."""
         agent, state, policy = self.agent, self.journal.state, self.agent.context
-        prepared = await prepare(agent.pinned, history, state.input, state.transcript, policy,
-                                 agent.digester, self._counter())  # fmt: skip
+        prepared = await prepare(pinned, history, state.input, state.transcript, policy,
+                                 agent.digester, self._counter(pinned))  # fmt: skip
         assembly = prepared.assembly
         self.journal.step_id = ids.step_id()
         *stages, pressure = prepared.events
@@ -127,7 +128,7 @@ class Caller:
                 system=assembly.system,
                 history=assembly.history,
                 messages=assembly.tail,
-                tools=agent.pinned.tools,
+                tools=pinned.tools,
                 max_tokens=max_tokens,
                 reasoning=agent.reasoning,
             )

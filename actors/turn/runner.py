@@ -28,6 +28,7 @@ from actors.metrics import (
     StepClock,
 )
 from actors.model import ModelError
+from actors.phases import PhaseView
 from actors.tools import ToolSpec, execute_calls
 from actors.tools.notes import StoreNotes
 from actors.turn import ending
@@ -66,6 +67,7 @@ from eventstore import (
     WrongExpectedVersion,
     streams,
 )
+from eventstore.catalogue import PhaseChanged
 from eventstore.projections.sessions import history_row
 from eventstore.upcast import upcast
 
@@ -116,6 +118,8 @@ class TurnRunner:
         self._started_at = datetime.now(UTC)
         self._notes = StoreNotes(store, agent.id, session_key, turn_id)
         self._trace: tracing.Untraced = tracing.UNTRACED
+        self._phase: str | None = None
+        """The session's phase when this run began (None: the entry phase, or no phases)."""
 
     @property
     def state(self) -> TurnState:
@@ -179,7 +183,7 @@ class TurnRunner:
             return "stopped"
         history: History | None = None
         try:
-            history = await self._earlier()
+            history = await self._begin()
             budget = ending.time_left(stored, datetime.now(UTC), self.agent.limits)
             try:
                 async with asyncio.timeout(budget):
@@ -237,6 +241,14 @@ class TurnRunner:
     def _entry(self, row: tuple[str, Any]) -> Entry:
         return entry(self.turn_id, self._start, row[0], row[1])
 
+    async def _begin(self) -> History:
+        """What the run reads before its first step: the session's history and, for an agent
+        with phases, the phase the session is in now."""
+        history = await self._earlier()
+        if self.agent.phases is not None:
+            self._phase = await context_load.phase(self.store, self.agent.id, self.session_key)
+        return history
+
     async def _earlier(self) -> History:
         """The session's history before this turn (the turn's own copy: compaction changes it
         as the turn goes): from its actor's memory, else the log (read ahead by the session
@@ -275,7 +287,7 @@ class TurnRunner:
                     return decided
             step.start()
             self._trace.step(self.state.steps + 1)
-            completed = await self._caller.call(history)
+            completed = await self._caller.call(history, self._view().pinned)
             decided = after_model(self.state, completed.content, completed.stop_reason, limits)
             if isinstance(decided, End):
                 step.done()
@@ -286,7 +298,7 @@ class TurnRunner:
     async def _run_tools(self, pending: list[dict[str, Any]]) -> End | None:
         """Validate, announce, run and record the tool calls of the last reply; an End when a
         second round of invalid input ends the turn."""
-        step = plan(self.state, pending, self.agent.tools, self.agent.limits.untrusted_on_mutate)
+        step = plan(self.state, pending, self._view().tools, self.agent.limits.untrusted_on_mutate)
         ended = repair_outcome(self.state, step.invalid)
         journal = self.journal
         if step.invalid:
@@ -350,7 +362,26 @@ class TurnRunner:
             call_id,
             self._notes,
             StoreArtifacts(self.store, self.agent.id, self.session_key),
+            self if self.agent.phases is not None else None,
         )
+
+    # --- phases --------------------------------------------------------------------------------
+
+    def _view(self) -> PhaseView:
+        """What this step offers the model: the tools of the phase the turn is in (the phase
+        ``phase_set`` moved it to in this turn, else the session's when the run began)."""
+        return self.agent.view(self.state.phase or self._phase)
+
+    async def set(self, to: str) -> int:
+        """``phase_set``'s effect (the turn is its PhaseSwitch): ``phase.changed`` staged now,
+        so the turn's state, and with it the next model call's tools, change at once; it goes
+        to the log with the step's tool results (a crash before loses both, and the read-only
+        call runs again)."""
+        view = self.agent.view(to)
+        left = self._view().name
+        self.journal.stage([PhaseChanged(to=view.name, from_=left, by="tool",
+                                         tools=len(view.tools.names))])  # fmt: skip
+        return len(view.tools.names)
 
     # --- the end -------------------------------------------------------------------------------
 

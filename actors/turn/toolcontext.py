@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from actors.context import load as context_load
 from actors.tools.notes import StoreNotes
+from actors.tools.spec import PhaseSwitch
 from eventstore import EventStore
 
 
@@ -11,13 +12,15 @@ class ToolCallContext:
     """The turn a call belongs to, the session's notes and its tool results' whole bodies."""
 
     def __init__(self, agent_id: str, session_key: str, turn_id: str, call_id: str,
-                 notes: StoreNotes, artifacts: StoreArtifacts) -> None:  # fmt: skip
+                 notes: StoreNotes, artifacts: StoreArtifacts,
+                 phases: PhaseSwitch | None = None) -> None:  # fmt: skip
         self.agent_id = agent_id
         self.session_key = session_key
         self.turn_id = turn_id
         self.call_id = call_id
         self.notes = notes
         self.artifacts = artifacts
+        self.phases = phases
 
 
 class StoreArtifacts:

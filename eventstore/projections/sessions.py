@@ -11,6 +11,7 @@ from psycopg.types.json import Jsonb
 
 from eventstore.catalogue import (
     ModelResult,
+    PhaseChanged,
     SessionCleared,
     SessionForked,
     ToolResult,
@@ -23,13 +24,13 @@ from eventstore.projector import Statement
 
 
 class SessionsProjection:
-    """Sessions of each agent: how many turns, the last one, when last active or cleared, and
-    the session (and turn) it was forked from."""
+    """Sessions of each agent: how many turns, the last one, when last active or cleared, the
+    session (and turn) it was forked from, and the phase it is in."""
 
     name: str = "sessions"
     tables: tuple[str, ...] = ("sessions",)
     types: frozenset[str] = frozenset(
-        {TurnStart.TYPE, TurnEnd.TYPE, SessionCleared.TYPE, SessionForked.TYPE}
+        {TurnStart.TYPE, TurnEnd.TYPE, SessionCleared.TYPE, SessionForked.TYPE, PhaseChanged.TYPE}
     )
 
     def statements(self, event: RecordedEvent) -> Iterable[Statement]:
@@ -67,8 +68,21 @@ class SessionsProjection:
                            VALUES (%s, %s, %s, %s, %s)
                            ON CONFLICT (agent_id, session_key) DO UPDATE
                               SET cleared_at = excluded.cleared_at,
-                                  last_activity_at = excluded.last_activity_at""",
+                                  last_activity_at = excluded.last_activity_at,
+                                  phase = NULL""",
                         [agent, key, at, at, at],
+                    )
+                ]
+            case PhaseChanged(to=to):
+                # A phase set before the session's first turn makes its row (turns 0).
+                return [
+                    (
+                        """INSERT INTO sessions (agent_id, session_key, first_seen_at,
+                                                 last_activity_at, phase)
+                           VALUES (%s, %s, %s, %s, %s)
+                           ON CONFLICT (agent_id, session_key) DO UPDATE
+                              SET phase = excluded.phase""",
+                        [agent, key, at, at, to],
                     )
                 ]
             case SessionForked() as forked:

@@ -16,7 +16,14 @@ from gateways.http.operation import AGENT, Operation, answer, array
 async def list_agents(request: Request) -> Response:
     who = principal(request)
     agents = [
-        AgentInfo(id=a.id, name=a.name, status=a.status, model=a.model, provider=a.provider)
+        AgentInfo(
+            id=a.id,
+            name=a.name,
+            status=a.status,
+            model=a.model,
+            provider=a.provider,
+            phase=a.phase,
+        )
         for a in runtime(request).agent_details().values()
         if who.sees(a.id)
     ]

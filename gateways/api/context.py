@@ -32,7 +32,7 @@ class ContextReader(Protocol):
     """What these routes need of the engine (actors/session/directory.py)."""
 
     async def context(
-        self, agent_id: str, session_key: str, text: str = "", messages: bool = False
+        self, agent_id: str, session_key: str | None, text: str = "", messages: bool = False
     ) -> SessionContext | Refused: ...
 
     async def turn_context(self, agent_id: str, turn_id: str) -> TurnContext | Refused: ...
@@ -66,21 +66,23 @@ SESSION_CONTEXT = Operation(
     "GET",
     "/v1/agents/{agent}/context",
     session_context,
-    "The context the session's next turn would assemble, block by block with tokens",
+    "The context the session's next turn would assemble (without sessionKey: a new session's "
+    "first turn), block by block with tokens",
     {"200": answer(SessionContext, "The context (no input yet)")},
     params=[
         AGENT,
         param(
             "sessionKey",
             "query",
-            "The session (any key: a session without turns has an empty history)",
+            "The session (any key: a session without turns has an empty history); left out: a "
+            "new session",
             {
                 "type": "string",
                 "minLength": 1,
                 "maxLength": MAX_SESSION_KEY,
                 "pattern": SESSION_KEY,
             },
-            required=True,
+            required=False,
         ),
         param(
             "input",
@@ -124,12 +126,11 @@ TURN_CONTEXT = Operation(
 )
 
 
-def _session_key(request: Request) -> str:
+def _session_key(request: Request) -> str | None:
+    """The session asked about; None without ``?sessionKey`` (a new session's context)."""
     key = request.query_params.get("sessionKey")
     if key is None:
-        raise ApiError(400, "session_key_required", "the context of which session?",
-                       "pass ?sessionKey=<key> (GET .../sessions lists them)",
-                       "sessionKey")  # fmt: skip
+        return None
     if "/" in key or not key or len(key) > MAX_SESSION_KEY:
         why = "contains '/'" if "/" in key else f"has {len(key)} characters"
         raise ApiError(400, "session_key_invalid", f"the session key {why}: no session has it",

@@ -172,10 +172,17 @@ class SkillList(_Body, frozen=True):
 
 
 class PhaseBody(_Body, frozen=True):
-    """``POST …/sessions/{key}/phase`` (v1): a phase name, or null to clear it. Checked, then
-    refused: this runtime has no phases."""
+    """``POST …/sessions/{key}/phase`` (v1): a phase the agent declares, or null for its entry
+    phase."""
 
     phase: str | None
+
+
+class PhaseSet(_Body, frozen=True):
+    """The session's phase after ``POST …/phase``, and how many tools it shows the model."""
+
+    phase: str
+    tools: int
 
 
 class AgentInfo(_Body, frozen=True):
@@ -206,6 +213,11 @@ class AgentDetail(_Body, frozen=True):
     channels: list[str] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
     phase: str | None = None
+    """The entry phase, where a new session starts (null: the agent declares no phases)."""
+    entry_phase: str | None = None
+    """v1's name for ``phase``."""
+    phases: dict[str, int] = msgspec.field(default_factory=dict)
+    """The phases the manifest declares, in order, each with how many tools it shows."""
 
 
 class ForkOrigin(_Body, frozen=True):
@@ -234,6 +246,8 @@ class SessionSummary(_Body, frozen=True):
     """When the last turn started; null for a session without a turn (always present)."""
     last_turn_id: str | None = None
     cleared_at: datetime | None = None
+    phase: str | None = None
+    """The phase the session is in (its next turn's tools); null when the agent has none."""
 
 
 class ForkBody(_Body, frozen=True):
@@ -338,8 +352,12 @@ class MessagePage(_Body, frozen=True):
 class ClearedBody(_Body, frozen=True):
     cleared: str
     memory_files_kept: bool
-    """v1's flag that the agent's memory files outlived the clear. Always false here: there are
-    no memory files, and the session's notes go with its history."""
+    """v1's flag that the agent's memory, what it keeps beyond one session (v1: its memory
+    markdown files), outlived the clear. True: a clear touches nothing beyond the session (and
+    the log keeps every event); what the session itself had is in ``reset``."""
+    reset: list[str] = msgspec.field(default_factory=lambda: ["history", "notes", "phase"])
+    """What the session's next turn starts without: its history, its session notes (they are
+    the session's, not the agent's memory), and its phase (back to the entry phase)."""
 
 
 class Health(_Body, frozen=True):

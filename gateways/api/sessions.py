@@ -11,6 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.messages import ClearSession, Refused
+from eventstore import ANY, Metadata, NewEvent, StoreError, streams
+from eventstore.catalogue import PhaseChanged
 from gateways.api.common import (
     MAX_PAGE,
     ApiError,
@@ -21,12 +23,16 @@ from gateways.api.common import (
     int_param,
     read_body,
     refused,
+    store_error,
+    store_of,
 )
 from gateways.api.schemas import (
+    AgentDetail,
     ClearedBody,
     ForkOrigin,
     MessagePage,
     PhaseBody,
+    PhaseSet,
     SessionSummary,
     StoredMessage,
 )
@@ -55,7 +61,8 @@ async def list_sessions(request: Request) -> Response:
         {"agent_id": agent_id, "session_key": None, "limit": limit,
          "q": request.query_params.get("q") or None, "status": status},
     )  # fmt: skip
-    return json_response([_session(r) for r in rows])
+    target = agent(request)
+    return json_response([_session(r, target) for r in rows])
 
 
 LIST_SESSIONS = Operation(
@@ -85,7 +92,8 @@ LIST_SESSIONS = Operation(
 
 
 async def get_session(request: Request) -> Response:
-    agent_id = agent(request).id
+    target = agent(request)
+    agent_id = target.id
     key = request.path_params["key"]
     rows = await fetch(
         request,
@@ -100,7 +108,7 @@ async def get_session(request: Request) -> Response:
             "GET /v1/agents/{agent}/sessions lists them",
             "sessionKey",
         )
-    return json_response(_session(rows[0]))
+    return json_response(_session(rows[0], target))
 
 
 GET_SESSION = Operation(
@@ -113,9 +121,9 @@ GET_SESSION = Operation(
 )
 
 
-def _session(row: tuple[Any, ...]) -> SessionSummary:
+def _session(row: tuple[Any, ...], target: AgentDetail) -> SessionSummary:
     agent_id, key, turns, messages, first, last, last_turn, cleared = row[:8]
-    last_status, last_at = row[8:10]  # the last turn's status and start (see sessions.sql)
+    last_status, last_at, phase = row[8:11]  # the last turn's status and start (sessions.sql)
     origin = row[-1]  # forked_from, the query's last column (see sessions.sql)
     return SessionSummary(
         agent_id=agent_id,
@@ -130,7 +138,16 @@ def _session(row: tuple[Any, ...]) -> SessionSummary:
         last_turn_status=last_status,
         last_turn_at=last_at,
         forked_from=None if origin is None else msgspec.json.decode(origin, type=ForkOrigin),
+        phase=_resolved(phase, target),
     )
+
+
+def _resolved(phase: str | None, target: AgentDetail) -> str | None:
+    """The phase a session is in: its stored one while the agent declares it, else the entry
+    phase (a phase renamed since); None for an agent without phases."""
+    if not target.phases:
+        return None
+    return phase if phase in target.phases else target.entry_phase
 
 
 async def session_messages(request: Request) -> Response:
@@ -216,7 +233,7 @@ async def clear_session(request: Request) -> Response:
     )
     if isinstance(result, Refused):
         raise refused(result)
-    return json_response(ClearedBody(cleared=result.session_key, memory_files_kept=False))
+    return json_response(ClearedBody(cleared=result.session_key, memory_files_kept=True))
 
 
 CLEAR_SESSION = Operation(
@@ -238,34 +255,57 @@ CLEAR_MESSAGES = Operation(
 
 
 PHASE_INVALID = Refused(code="phase_invalid",
-                        message="`phase` must be a string, or null to clear it",
+                        message="`phase` must be a string, or null for the entry phase",
                         hint='send {"phase": "triage"} or {"phase": null}',
                         field="phase")  # fmt: skip
 
 
 async def set_phase(request: Request) -> Response:
-    """``POST …/sessions/{key}/phase``: checked as v1 checks it (``400 phase_invalid``), then
-    refused with ``501 phases_not_supported``. There are no phases here (no tool is scoped to
-    one), so storing a session's phase would record a setting that changes nothing; a client
-    told it was stored would believe it did."""
-    agent_id = agent(request).id
-    decode_body(await read_body(request, 10_000), PhaseBody, lambda field, text: PHASE_INVALID)
-    raise ApiError(
-        501,
-        "phases_not_supported",
-        f"agent {agent_id!r} has no phases: this runtime does not scope tools by phase, so "
-        "a session's phase would change nothing",
-        "leave the phase out: every tool of the agent is visible in every session "
-        f"(GET /v1/agents/{agent_id}/tools lists them)",
-    )
+    """``POST …/sessions/{key}/phase``: moves the session to a phase its agent declares (null:
+    the entry phase), as ``phase.changed`` (``by: api``) in the session's stream; its next turn
+    sees that phase's tools (a running turn keeps the phase it is in). A phase the agent does
+    not declare is ``400 phase_invalid``, naming the declared ones."""
+    target = agent(request)
+    key = request.path_params["key"]
+    body = decode_body(await read_body(request, 10_000), PhaseBody,
+                       lambda field, text: PHASE_INVALID)  # fmt: skip
+    declared = target.phases
+    to = target.entry_phase if body.phase is None else body.phase
+    if to is None or to not in declared:
+        raise ApiError(
+            400,
+            "phase_invalid",
+            f"agent {target.id!r} declares no phase {body.phase!r}"
+            if declared else f"agent {target.id!r} declares no phases",
+            f"phases of {target.id!r}: {', '.join(declared)}" if declared
+            else "declare `phases` in the agent's manifest (docs/agents.md) to scope its tools",
+            "phase",
+        )  # fmt: skip
+    rows = await fetch(request, "sessions",
+                       {"agent_id": target.id, "session_key": key, "limit": 1, "q": None,
+                        "status": None})  # fmt: skip
+    left = _resolved(rows[0][10] if rows else None, target)
+    event = PhaseChanged(to=to, from_=left, by="api", tools=declared[to])
+    try:
+        # ANY, as a session note is written: a phase does not depend on the stream's state, and
+        # the session's actor (the stream's writer) must not be refused for it.
+        await store_of(request).aappend(
+            streams.session(target.id, key),
+            [NewEvent(event=event, metadata=Metadata(agent_id=target.id, session_key=key))],
+            expected_version=ANY,
+        )
+    except StoreError as e:
+        raise store_error(e) from e
+    return json_response(PhaseSet(phase=to, tools=declared[to]))
 
 
 SET_PHASE = Operation(
     "POST",
     "/v1/agents/{agent}/sessions/{key}/phase",
     set_phase,
-    "Set the session's phase (Dispach v1): checked, then refused, since this runtime has no phases",
-    {"501": answer(ErrorEnvelope, "`phases_not_supported`")},
+    "Move the session to a phase its agent declares (null: the entry phase); its next turn "
+    "sees that phase's tools. `400 phase_invalid` for any other",
+    {"200": answer(PhaseSet, "The session's phase now")},
     params=[AGENT, KEY],
     body=PhaseBody,
     errors=("400", "401", "404", "413", "415", "503"),

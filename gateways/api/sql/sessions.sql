@@ -8,7 +8,7 @@ SELECT s.agent_id, s.session_key, s.turns,
        (SELECT count(*) FROM messages m
          WHERE m.agent_id = s.agent_id AND m.session_key = s.session_key) AS messages,
        s.first_seen_at, s.last_activity_at, s.last_turn_id, s.cleared_at,
-       t.status AS last_turn_status, t.started_at AS last_turn_at,
+       t.status AS last_turn_status, t.started_at AS last_turn_at, s.phase,
        -- Last, whatever is added above it: gateways/sessions.py reads it as the last column.
        s.forked_from::text AS forked_from_text
   FROM sessions s
