@@ -24,9 +24,10 @@ log = structlog.get_logger("dispach.agents")
 
 
 def catalogue(manifest: Manifest, model: Model, policy: ContextPolicy, provider: Provider,
-              sources: Sequence[ToolSource]) -> tuple[ToolRegistry, Pinned]:  # fmt: skip
+              sources: Sequence[ToolSource],
+              pinned_skills: str | None = None) -> tuple[ToolRegistry, Pinned]:  # fmt: skip
     """The agent's tools, from its sources in order (its own, then its live sources'), and its
-    pinned prefix. A name its own tools use twice is a manifest error (DuplicateTool); a tool
+    pinned prefix (``pinned_skills``: the block of the skills it pins, last). A name its own tools use twice is a manifest error (DuplicateTool); a tool
     of another source whose name is taken already is left out, and said so."""
     own = [_tool(manifest, t) for t in manifest.tools]
     if (own or sources) and "artifact_read" not in {t.name for t in own}:
@@ -47,11 +48,11 @@ def catalogue(manifest: Manifest, model: Model, policy: ContextPolicy, provider:
             tools.append(spec)
     registry = ToolRegistry(tools)
     server = _server_tools(manifest, provider, set(registry.names))
-    return registry, _pinned(manifest, model, registry, policy, server)
+    return registry, _pinned(manifest, model, registry, policy, server, pinned_skills)
 
 
 def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry, policy: ContextPolicy,
-            server: list[dict[str, Any]]) -> Pinned:  # fmt: skip
+            server: list[dict[str, Any]], pinned_skills: str | None) -> Pinned:  # fmt: skip
     """The agent's pinned blocks, rendered once: the same bytes every turn."""
     blocks = [
         Block(i.label, i.text) if isinstance(i, Instruction) else Block("instructions", i)
@@ -61,6 +62,8 @@ def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry, policy: Conte
     blocks.append(Block("configuration", _configuration(manifest, model, tools, policy)))
     if manifest.reminders:
         blocks.append(Block("reminders", "\n".join(manifest.reminders)))
+    if pinned_skills is not None:
+        blocks.append(Block("skills (pinned)", pinned_skills))
     return Pinned(system=tuple(blocks), tools=[*tools.definitions(), *server])
 
 

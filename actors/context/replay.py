@@ -19,6 +19,7 @@ from actors.context.assemble import assemble
 from actors.context.compact import digest_of
 from actors.context.history import Entry, History, after_stage, entry
 from actors.context.load import last_error_line
+from actors.recall import NOTHING, resolve
 from actors.tools import notes as session_notes
 from actors.turn.core import TurnState, apply
 from eventstore import EventStore, RecordedEvent, streams
@@ -29,6 +30,8 @@ from eventstore.catalogue import (
     ModelResult,
     SessionCleared,
     SessionForked,
+    SkillNone,
+    SkillSelected,
     ToolResult,
     TurnAttempt,
     TurnEnd,
@@ -55,15 +58,18 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
     history = _history_before(session, start, await _fork_starts(store, session))
     requests: list[dict[str, Any]] = []
     state = TurnState()
+    recalled = NOTHING
     for event in upcast(own):
         data = event.data
         if isinstance(data, TurnAttempt) or (isinstance(data, TurnStart) and data.attempt):
             history.notes = _notes_before(session, event.position)
         elif isinstance(data, CompactionStage):
             _apply_stage(history, data)
+        elif isinstance(data, SkillSelected | SkillNone):
+            recalled = await resolve(store, agent.id, agent.recall, history.notes, data)
         elif _request(data):
             built = assemble(agent.pinned, history, state.input, state.transcript,
-                             agent.context.excerpt_keep)  # fmt: skip
+                             agent.context.excerpt_keep, recalled)  # fmt: skip
             requests.append({"system": built.system, "tools": agent.pinned.tools,
                              "messages": built.messages})  # fmt: skip
         state = apply(state, data, version=event.version, turn_id=turn_id)

@@ -9,6 +9,7 @@ from actors.context import ladder
 from actors.context.assemble import assemble
 from actors.context.history import History
 from actors.context.policy import STAGES
+from actors.recall import NOTHING, Recalled
 from actors.messages import (
     Compacted,
     ContextBlock,
@@ -20,13 +21,18 @@ from actors.messages import (
 
 
 def session_context(
-    agent: Agent, session_key: str, history: History, text: str = "", messages: bool = False
+    agent: Agent,
+    session_key: str,
+    history: History,
+    text: str = "",
+    messages: bool = False,
+    recalled: Recalled = NOTHING,
 ) -> SessionContext:
     """The first request of the session's next turn for the input ``text``, before compaction,
-    as blocks with their tokens and texts. Without an input (``""``) the input slot and block
-    are left out."""
+    as blocks with their tokens and texts, with the skills and notes ``recalled`` for it.
+    Without an input (``""``) the input slot and block are left out."""
     policy = agent.context
-    built = assemble(agent.pinned, history, text, (), policy.excerpt_keep)
+    built = assemble(agent.pinned, history, text, (), policy.excerpt_keep, recalled)
     digest = history.view.digest
     slots = [
         ContextBlock(slot=s.slot, label=s.label, pinned=s.pinned, tokens=s.tokens, text=shown)

@@ -21,6 +21,8 @@ from eventstore.catalogue import (
     EndReason,
     ErrorDetail,
     ModelResult,
+    SkillNone,
+    SkillSelected,
     ToolCall,
     ToolRepair,
     ToolResult,
@@ -96,6 +98,8 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     last_finish_reason: str | None = None
     truncations: int = 0
     """Replies cut off by ``max_tokens`` and sent again with a larger budget."""
+    recall: SkillSelected | SkillNone | None = None
+    """What the turn recalled (its skills and notes), once chosen: a resumed turn reads it."""
     ended: EndReason | None = None
 
     @property
@@ -153,6 +157,8 @@ def apply(
             )
         case ToolRepair():
             return replace(state, repairs=state.repairs + 1)
+        case SkillSelected() | SkillNone():
+            return replace(state, recall=data)
         case ApprovalRequested() | ApprovalResolved():
             return replace(state, approvals=_approvals(state.approvals, data))
         case TurnEnd(reason=reason):

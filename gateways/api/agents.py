@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateways.api.common import ApiError, agent, not_ready, principal, runtime
-from gateways.api.schemas import AgentInfo, SkillList
+from gateways.api.schemas import AgentInfo
 from gateways.http.errors import json_response
 
 
@@ -39,10 +39,14 @@ async def agent_tools(request: Request) -> Response:
 
 
 async def agent_skills(request: Request) -> Response:
-    """``GET …/skills``: v1 0.1.0's answer for a runtime without skills. ``supported: false``
-    says the runtime has none, which an empty list alone would not."""
-    agent(request)
-    return json_response(SkillList(skills=[], supported=False))
+    """``GET …/skills``: the agent's skills as this node loaded them, and how a turn selects
+    them (``supported: true``: v1 0.1.0 answered false, having none)."""
+    found = agent(request)
+    skills = runtime(request).skills(found.id)
+    if skills is None:  # loaded a moment ago and gone since: answered as any unknown agent
+        raise ApiError(404, "agent_not_found", f"no agent {found.id!r} on this node",
+                       "GET /v1/agents lists the agents", "agent")  # fmt: skip
+    return json_response(skills)
 
 
 async def reload_agent(request: Request) -> Response:

@@ -353,8 +353,9 @@ def _paths() -> dict[str, Any]:
         },
         agent + "/skills": {
             "get": _op(
-                "Skills: none, this runtime has none (`supported: false`, as Dispach v1 0.1.0)",
-                {"200": _json(_ref(SkillList), "No skills")},
+                "The agent's skills (id, title, description, tokens) and how each turn selects "
+                "them and recalls the session's notes",
+                {"200": _json(_ref(SkillList), "Skills and their selection")},
                 params=[AGENT],
             )
         },
