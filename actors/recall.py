@@ -194,8 +194,8 @@ async def select(store: EventStore, agent_id: str, policy: RecallPolicy, history
     return decided(skills, notes, policy, len(history.notes), loaded)
 
 
-async def resolve(store: EventStore, agent_id: str, policy: RecallPolicy,
-                  notes: Sequence[str], chosen: SkillSelected | SkillNone | None) -> Recalled:  # fmt: skip
+async def resolve(store: EventStore, agent_id: str, policy: RecallPolicy, notes: Sequence[str],
+                  chosen: SkillSelected | SkillNone | None) -> Recalled:  # fmt: skip
     """The block a recorded choice stands for: each skill in the version it named (the loaded
     one, else the index's copy; a version neither has any more is left out), each note as the
     session had it when the turn began."""

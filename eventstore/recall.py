@@ -10,8 +10,8 @@ with what the person said, not all of them (``websearch_to_tsquery`` alone would
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -113,7 +113,9 @@ async def askill_version(
     return str(title), str(body), int(tokens)
 
 
-async def _fetch(store: EventStore, name: str, params: dict[str, object]) -> list[tuple[object, ...]]:
+async def _fetch(
+    store: EventStore, name: str, params: Mapping[str, object]
+) -> list[tuple[Any, ...]]:
     return await store.afetch(load(name).encode(), params)  # driver errors: StoreUnavailable
 
 

@@ -27,8 +27,9 @@ def catalogue(manifest: Manifest, model: Model, policy: ContextPolicy, provider:
               sources: Sequence[ToolSource],
               pinned_skills: str | None = None) -> tuple[ToolRegistry, Pinned]:  # fmt: skip
     """The agent's tools, from its sources in order (its own, then its live sources'), and its
-    pinned prefix (``pinned_skills``: the block of the skills it pins, last). A name its own tools use twice is a manifest error (DuplicateTool); a tool
-    of another source whose name is taken already is left out, and said so."""
+    pinned prefix (``pinned_skills``: the block of the skills it pins, last). A name its own
+    tools use twice is a manifest error (DuplicateTool); a tool of another source whose name
+    is taken already is left out, and said so."""
     own = [_tool(manifest, t) for t in manifest.tools]
     if (own or sources) and "artifact_read" not in {t.name for t in own}:
         # Compaction shortens old tool results and names this tool to read them whole.

@@ -6,23 +6,28 @@ real node, Postgres and NATS, with the fake Anthropic server recording what the 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
+import nats
 import pytest
 
 from actors.recall import MEMORY_HEADER, SKILLS_HEADER, Candidate, choose
-from eventstore import RecordedEvent
-from eventstore.catalogue import SkillNone, SkillSelected
+from actors.turn.core import attempts
+from eventstore import EventStore, RecordedEvent, streams, subjects
+from eventstore.catalogue import SkillNone, SkillSelected, ToolCall, TurnEnd
 from eventstore.recall import MAX_WORDS, query_text
 from gateways.manifests import ManifestError
 from runtime import skills
 from runtime.manifest import decode
 from tests import fakes
-from tests.conftest import ApiFactory, NodeFactory
+from tests.conftest import ApiFactory, NodeFactory, Servers
 from tests.fakes import FakeAnthropic, Reply, ToolUse
+from tests.test_turn_crash import accept_when_serving, resumed, serve, serve_env, wait_for
 from tests.turns import send, wait_end
 
 fake_anthropic = fakes.fake_anthropic
@@ -129,8 +134,8 @@ def test_a_skill_file_with_front_matter_or_a_heading(tmp_path: Path) -> None:
 def test_a_skill_that_could_never_be_chosen_rightly_fails_the_load(tmp_path: Path) -> None:
     agents = tmp_path / "agents"
     write_skills(tmp_path, {"bare.md": "just a body\n\n# and a late heading\n"})
+    write_skills(tmp_path, {"Bad Name.md": RELEASE})
     with pytest.raises(ManifestError, match="has a name that is not"):
-        write_skills(tmp_path, {"Bad Name.md": RELEASE})
         skills.load(decode("id: helper\n", "helper.yaml"), agents)
     (agents / "helper" / "skills" / "Bad Name.md").unlink()
     write_skills(tmp_path, {"empty.md": "---\nname: empty\n---\n"})
@@ -205,7 +210,8 @@ async def test_a_matching_skill_is_selected_and_reaches_the_model_and_others_do_
     assert release["pinned"] is False and release["digest"] == chosen.skills[0].digest
     selection = listed["selection"]
     assert (selection["max"], selection["maxTokens"], selection["pinned"]) == (1, 2000, [])
-    assert selection["dir"].endswith("agents/helper/skills") and "ts_rank_cd" in selection["ranking"]
+    assert selection["dir"].endswith("agents/helper/skills")
+    assert "ts_rank_cd" in selection["ranking"]
     assert listed["memory"] == {"recall": False, "max": 5, "maxTokens": 1000}
     assert bare["supported"] is True and bare["skills"] == []
 
@@ -305,8 +311,12 @@ async def test_a_note_of_an_earlier_turn_is_recalled_when_relevant(
     assert len(input_message(fake_anthropic, 3)) == 1  # nothing before the input
 
     async with httpx.AsyncClient(base_url=api.url, headers=api.headers) as http:
-        view = (await http.get("/v1/agents/helper/context",
-                               params={"sessionKey": key, "input": "favourite colour?"})).json()
+        view = (
+            await http.get(
+                "/v1/agents/helper/context",
+                params={"sessionKey": key, "input": "favourite colour?"},
+            )
+        ).json()
         replayed = (await http.get(f"/v1/agents/helper/turns/{second.turn_id}/context")).json()
     memory = next(s for s in view["slots"] if s["label"] == "memory")
     assert memory["text"] == f"{MEMORY_HEADER}\n2. {colour}" and memory["tokens"] > 0
@@ -314,3 +324,89 @@ async def test_a_note_of_an_earlier_turn_is_recalled_when_relevant(
     # The past turn's context, rebuilt from the log, is what the model got.
     last = replayed["steps"][0]["messages"][-1]["content"]
     assert last[0]["text"] == f"{MEMORY_HEADER}\n1. {deploy}"
+
+
+# --- a resumed turn keeps its selection ------------------------------------------------------
+
+CRASHY = """
+id: crashy
+model:
+  provider: anthropic
+  id: claude-sonnet-5
+  base_url: {url}
+  api_key_env: DISPACH_TEST_ANTHROPIC_KEY
+skills: {{max: 1}}
+tools:
+  - name: record
+    module: tests.fixtures_tools:record_and_wait
+    description: Records that it ran, then waits.
+    mutating: true
+    input_schema:
+      type: object
+      properties:
+        path: {{type: string}}
+        seconds: {{type: number}}
+      required: [path]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_a_turn_resumed_after_kill_9_uses_the_selection_in_its_log(
+    servers: Servers, schema: str, tmp_path: Path, fake_anthropic: FakeAnthropic
+) -> None:
+    """The node dies during a tool call; before it restarts, the skill it chose is edited to
+    match nothing and another that matches is added. The resumed turn selects nothing again:
+    its second model call reads the version of the skill its ``skill.selected`` named."""
+    marker = tmp_path / "runs.txt"
+    marker.touch()
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    (agents / "crashy.yaml").write_text(CRASHY.format(url=fake_anthropic.url))
+    where = agents / "crashy" / "skills"
+    where.mkdir(parents=True)
+    (where / "release-notes.md").write_text(RELEASE)
+    fake_anthropic.script(
+        Reply(tool_uses=[ToolUse("record", {"path": str(marker), "seconds": 20}, id="toolu_r")]),
+        Reply(text="finished after the crash"),
+    )
+    env = serve_env(servers, schema, tmp_path, agents)
+    log = tmp_path / "serve.log"
+    subjects.use(schema)
+    first = serve(env, log)
+    nc = await nats.connect(servers.nats_url)
+    store = EventStore(servers.database_url, schema=schema)
+    try:
+        accepted = await accept_when_serving(nc, "crashy", "record the release notes", log)
+        stream = streams.turn(accepted.turn_id)
+        await store.aopen()
+
+        async def recorded() -> bool:
+            return any(isinstance(e.data, ToolCall) for e in await store.aread_stream(stream))
+
+        await wait_for(recorded, 30, "the tool call to be recorded")
+        first.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(first.wait, 10)
+        await store.aclose()
+        (where / "release-notes.md").write_text(
+            RELEASE.replace("Draft release notes and a changelog", "Nothing at all")
+            .replace("RELEASE-BODY", "EDITED-BODY")
+        )  # fmt: skip
+        (where / "record-keeping.md").write_text(
+            "# Record keeping\n\nRecord the release and the notes.\n\nOTHER-BODY\n"
+        )
+        store = EventStore(servers.database_url, schema=schema)
+        events = await resumed(env, log, store, accepted.turn_id)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        await nc.close()
+        await store.aclose()
+    [chosen] = recall_of(events)
+    assert isinstance(chosen, SkillSelected) and [p.id for p in chosen.skills] == ["release-notes"]
+    assert [a.attempt for a in attempts(e.data for e in events)] == [1, 2]
+    assert [e.data.reason for e in events if isinstance(e.data, TurnEnd)] == ["final"]
+    for index in (0, 1):  # the call before the crash and the one after
+        request = sent(fake_anthropic, index)
+        assert "RELEASE-BODY" in request
+        assert "EDITED-BODY" not in request and "OTHER-BODY" not in request

@@ -242,10 +242,10 @@ def assemble(
     if messages and _mark_last(messages):
         breakpoints += 1
     before: list[dict[str, Any]] = []
-    for label, block in (("skills", recalled.skills), ("memory", recalled.memory)):
-        if block is not None:
-            before.append({"type": "text", "text": block})
-            slot(label, text_tokens(block), False, block)
+    for label, said in (("skills", recalled.skills), ("memory", recalled.memory)):
+        if said is not None:
+            before.append({"type": "text", "text": said})
+            slot(label, text_tokens(said), False, said)
     _append(messages, "user", [*before, {"type": "text", "text": text}])
     slot("input", text_tokens(text), True, text)
     for message in transcript:

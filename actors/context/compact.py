@@ -16,10 +16,10 @@ import structlog
 
 from actors.context import ladder
 from actors.context.assemble import Assembly, Pinned, assemble, total
-from actors.recall import NOTHING, Recalled
 from actors.context.history import Digest, Entry, History, View, slim
 from actors.context.policy import STAGES, ContextPolicy
 from actors.model import Completed, Model, ModelError, ModelRequest, TextDelta
+from actors.recall import NOTHING, Recalled
 from eventstore.catalogue import CompactionStage, ContextPressure
 from eventstore.event import Event
 

@@ -9,7 +9,6 @@ from actors.context import ladder
 from actors.context.assemble import assemble
 from actors.context.history import History
 from actors.context.policy import STAGES
-from actors.recall import NOTHING, Recalled
 from actors.messages import (
     Compacted,
     ContextBlock,
@@ -18,6 +17,7 @@ from actors.messages import (
     HistoryCounts,
     SessionContext,
 )
+from actors.recall import NOTHING, Recalled
 
 
 def session_context(

@@ -23,7 +23,6 @@ from actors.context.load import load
 from actors.context.replay import replay
 from actors.context.view import session_context
 from actors.host import ActorHost
-from actors.recall import Recalled
 from actors.messages import (
     Accepted,
     Cleared,
@@ -41,6 +40,7 @@ from actors.messages import (
     Submit,
     TurnContext,
 )
+from actors.recall import Recalled
 from actors.session.actor import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
 from actors.session.core import (
     Fork,

@@ -155,12 +155,20 @@ def apply(
                 open_calls=tuple(c for c in state.open_calls if c.call_id != result.call_id),
                 tainted=state.tainted or result.trust == "untrusted",
             )
+        case ApprovalRequested() | ApprovalResolved():
+            return replace(state, approvals=_approvals(state.approvals, data))
+        case _:
+            return _noted(state, data)
+
+
+def _noted(state: TurnState, data: Event | UnknownEvent) -> TurnState:
+    """The state after an event that only notes a fact: a repair, the recall, the end."""
+    replace = msgspec.structs.replace
+    match data:
         case ToolRepair():
             return replace(state, repairs=state.repairs + 1)
         case SkillSelected() | SkillNone():
             return replace(state, recall=data)
-        case ApprovalRequested() | ApprovalResolved():
-            return replace(state, approvals=_approvals(state.approvals, data))
         case TurnEnd(reason=reason):
             return replace(state, ended=reason)
         case _:
