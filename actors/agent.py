@@ -13,6 +13,7 @@ from actors.context.policy import ContextPolicy
 from actors.model import Model, Reasoning
 from actors.outbox import Channel
 from actors.phases import Phases, PhaseView
+from actors.recall import RecallPolicy
 from actors.schedule.plan import ScheduleSpec
 from actors.tools import ToolRegistry
 from actors.turn.core import Limits
@@ -46,6 +47,8 @@ class Agent:
     truncation: Literal["end", "retry"] = "end"
     """What a reply cut off by the per-call output limit does: end the turn ``truncated``, or
     go once more with twice the budget."""
+    recall: RecallPolicy = field(default_factory=RecallPolicy)
+    """Its skills and how a turn selects them and the session's notes (actors/recall.py)."""
     budget: Budget = field(default_factory=Budget)
     """The manifest's daily limits (``limits.daily_cost_usd``, ``limits.daily_tokens``)."""
 

@@ -560,6 +560,35 @@ class PhaseChanged(Event, frozen=True):
     tools: int = 0
 
 
+class Picked(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One skill or note a turn's recall chose: a skill by id and version, a note by number."""
+
+    id: str
+    rank: float = 0.0
+    """Its full-text rank against the turn's words (``ts_rank_cd``)."""
+    tokens: int = 0
+    digest: str | None = None
+
+
+class SkillSelected(Event, frozen=True):
+    """What the turn's recall put before the model, chosen once before its first model call
+    (a resumed turn reads it back, never selects again): skills by rank, notes (``memory``,
+    numbered from 1 as ``session_notes`` lists them) by rank, ``tokens`` the block's size."""
+
+    TYPE: ClassVar[str] = "skill.selected"
+    skills: list[Picked] = msgspec.field(default_factory=list)
+    memory: list[Picked] = msgspec.field(default_factory=list)
+    tokens: int = 0
+
+
+class SkillNone(Event, frozen=True):
+    """The turn's recall found nothing relevant among ``candidates`` skills and ``notes``."""
+
+    TYPE: ClassVar[str] = "skill.none"
+    candidates: int = 0
+    notes: int = 0
+
+
 register(
     TurnStart,
     TurnAttempt,
@@ -593,4 +622,6 @@ register(
     SessionForked,
     SessionNote,
     PhaseChanged,
+    SkillSelected,
+    SkillNone,
 )

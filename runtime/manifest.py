@@ -28,6 +28,7 @@ from actors.context.compact import Digester
 from actors.context.policy import ContextPolicy
 from actors.context.rungs import STAGES
 from actors.outbox import Channel
+from actors.recall import RecallPolicy
 from actors.schedule.plan import problems
 from actors.tools import ToolSource
 from actors.turn.core import Limits
@@ -35,6 +36,7 @@ from eventstore.catalogue import Deliver, ErrorDetail
 from gateways.channels import build as build_channel
 from gateways.manifests import ManifestError
 from gateways.model import providers
+from runtime import skills
 from runtime.manifest_schema import DEFAULT, Manifest
 from runtime.manifest_v1 import is_v1, translate
 from runtime.toolset import catalogue
@@ -82,7 +84,8 @@ def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[
     (without the tools of the sources it declares, an MCP server's, which a running node opens:
     see :func:`build`)."""
     env = dict(os.environ) if env is None else env
-    return {m.id: build(m, env) for m in load_manifests(directory).values()}
+    return {m.id: build(m, env, recall=skills.load(m, directory))
+            for m in load_manifests(directory).values()}  # fmt: skip
 
 
 def load_manifests(directory: Path | None) -> dict[str, Manifest]:
@@ -101,13 +104,17 @@ def load_manifests(directory: Path | None) -> dict[str, Manifest]:
     return manifests
 
 
-def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource] = ()) -> Agent:
+def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource] = (),
+          recall: RecallPolicy | None = None) -> Agent:  # fmt: skip
     """The agent of ``manifest``; ``sources``: the live sources it declares (its MCP servers),
-    whose tools (as they last listed them) join its own."""
+    whose tools (as they last listed them) join its own; ``recall``: its skills as
+    :func:`runtime.skills.load` read them (None: none, and its memory as configured)."""
     model = providers.model(manifest.model, env, manifest.id, "model")
     policy = _context_policy(manifest)
     provider = providers.chosen(manifest.model, env)
-    registry, pinned, phases = catalogue(manifest, model, policy, provider, sources)
+    recall = skills.load(manifest, None) if recall is None else recall
+    registry, pinned, phases = catalogue(manifest, model, policy, provider, sources,
+                                         skills.pinned_text(recall))  # fmt: skip
     limits = manifest.limits
     agent = Agent(
         id=manifest.id,
@@ -137,10 +144,12 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
         reasoning=providers.reasoning(manifest.model, env, manifest.id),
         truncation=manifest.model.truncation,
         budget=Budget(daily_cost_usd=limits.daily_cost_usd, daily_tokens=limits.daily_tokens),
+        recall=recall,
     )
     check_schedules(manifest, agent.channels)
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,
-             channels=sorted(agent.channels))  # fmt: skip
+             channels=sorted(agent.channels),
+             skills=[s.id for s in recall.skills])  # fmt: skip
     return agent
 
 
@@ -158,7 +167,8 @@ def with_tools(agent: Agent, manifest: Manifest, env: dict[str, str],
     """``agent`` with its tool list built again (a source's tools changed): the same model and
     channels, a new registry and pinned prefix."""
     provider = providers.chosen(manifest.model, env)
-    registry, pinned, phases = catalogue(manifest, agent.model, agent.context, provider, sources)
+    registry, pinned, phases = catalogue(manifest, agent.model, agent.context, provider, sources,
+                                         skills.pinned_text(agent.recall))  # fmt: skip
     log.info("agent_tools_changed", agent=agent.id, tools=registry.names)
     return dataclasses.replace(agent, tools=registry, pinned=pinned, phases=phases)
 

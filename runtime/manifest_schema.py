@@ -97,6 +97,32 @@ class ContextConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     """The share of the prompt budget the verbatim list of earlier requests may take."""
 
 
+class SkillsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The agent's skills: markdown files under ``dir`` (relative to the manifest's directory;
+    by default ``<id>/skills`` beside ``<id>.yaml``), selected per turn by relevance."""
+
+    dir: str | None = None
+    max: Annotated[int, msgspec.Meta(ge=0, le=20)] = 1
+    """Skills a turn may select (0: none are selected; pinned ones still apply)."""
+    max_tokens: Positive = 2000
+    """Tokens a skills block may take: each turn's selected one, and the pinned one."""
+    pinned: list[str] = msgspec.field(default_factory=list)
+    """Skill ids always in the context (a pinned block of the cached prefix), never selected."""
+
+
+class RecallConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max: Annotated[int, msgspec.Meta(ge=1, le=50)] = 5
+    """Notes a turn may recall."""
+    max_tokens: Positive = 1000
+    """Tokens the recalled notes' block may take."""
+
+
+class MemoryConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    recall: bool | RecallConfig = False
+    """On (``true`` or its bounds): each turn sees only the session's notes that bear on its
+    input and the previous reply, instead of every note."""
+
+
 class SessionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     concurrency: Literal["queue", "reject", "interrupt"] = "queue"
 
@@ -115,6 +141,8 @@ class Manifest(Declarations, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     limits: LimitsConfig = LimitsConfig()
     context: ContextConfig = ContextConfig()
     session: SessionConfig = SessionConfig()
+    skills: SkillsConfig = SkillsConfig()
+    memory: MemoryConfig = MemoryConfig()
     channels: list[ChannelConfig] = msgspec.field(default_factory=list)
     schedules: list[ScheduleSpec] = msgspec.field(default_factory=list)
     phases: dict[Annotated[str, msgspec.Meta(pattern=_ID)], PhaseConfig] = msgspec.field(

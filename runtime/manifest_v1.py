@@ -35,7 +35,6 @@ _ON_MUTATE = {"refuse": "deny", "confirm": "ask", "allow": "allow"}
 
 _SECTIONS = {
     "extends": "the base manifest is not merged (translate reads no files); merge it in first",
-    "skills": "skills are not supported",
     "knowledge": "keyword-gated knowledge files are not supported",
     "memory": "long-term memory is not supported (session_notes keeps notes per session)",
     "delivery": "there is no default delivery target; each schedule names its own `deliver`",
@@ -66,6 +65,28 @@ class V1ManifestError(DispachError):
 def is_v1(raw: dict[str, Any]) -> bool:
     """Whether a parsed manifest is in the original's form."""
     return "apiVersion" in raw
+
+
+def _skills(source: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """``skills: {dir, maxActive}`` as ours (``dir`` relative to the manifest, as v1's): the
+    fields to add to ours (none without ``skills``)."""
+    if "skills" not in source:
+        return {}
+    skills = _section(source, "skills")
+    out: dict[str, Any] = {}
+    if "dir" in skills:
+        out["dir"] = skills["dir"]
+    if "maxActive" in skills:
+        out["max"] = skills["maxActive"]
+    for key in skills:
+        if key == "threshold":
+            notes.append(
+                "skills.threshold: no score floor here: a skill sharing a word with "
+                "the turn is ranked (Postgres full-text), best first, within skills.max"
+            )
+        elif key not in ("dir", "maxActive"):
+            notes.append(f"skills.{key}: not a field of the v1 schema")
+    return {"skills": out}
 
 
 def translate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -115,6 +136,7 @@ def translate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if schedules:
         out["schedules"] = schedules
     out["phases"] = _phases(source.get("phases") or {}, tools, notes)
+    out.update(_skills(source, notes))
     known = {
         "phases",
         "apiVersion",
@@ -126,6 +148,7 @@ def translate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         "tools",
         "channels",
         "schedules",
+        "skills",
     }
     for key in source:
         if key in _SECTIONS:

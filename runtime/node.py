@@ -51,7 +51,7 @@ from eventstore.catalogue import DeliveryEnqueued
 from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from eventstore.retention import RetentionTask
-from gateways.api.schemas import AgentDetail, ToolInfo
+from gateways.api.schemas import AgentDetail, SkillList, ToolInfo
 from gateways.http.app import VERSION, create_app
 from gateways.http.protocol import Limits, http_protocol
 from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
@@ -59,7 +59,7 @@ from gateways.http.wsprotocol import EdgeWebSocket
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
 from gateways.toolsources import KINDS
-from runtime import manifest
+from runtime import manifest, skills
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
@@ -121,6 +121,10 @@ class Node:
                     detail, warnings=[*detail.warnings, *down]
                 )
         return found
+
+    def skills(self, agent_id: str) -> SkillList | None:
+        agent = self.agents.get(agent_id)
+        return skills.listed(agent) if agent is not None else None
 
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:
         agent = self.agents.get(agent_id)
@@ -304,11 +308,16 @@ class Node:
             if any(by_agent.values()):
                 self.sources[kind.key] = kind.open(by_agent, VERSION, self._sources_changed)
         await asyncio.gather(*(live.start(SOURCES_START_SECONDS) for live in self.sources.values()))
+        directory = self.settings.agents_path
         self.agents = await blocking(lambda: {
-            agent_id: manifest.build(m, self._env, self._sources_of(agent_id))
+            agent_id: manifest.build(m, self._env, self._sources_of(agent_id),
+                                     skills.load(m, directory))
             for agent_id, m in self._manifests.items()
         })  # fmt: skip
         self._details = {a.id: agent_detail(a) for a in self.agents.values()}
+        assert self.store is not None, "the store opens before the agents load"
+        for agent in self.agents.values():  # the versions of the skills this node ranks
+            await skills.index(self.store, agent)
 
     def _budget_of(self, agent_id: str) -> Budget | None:
         agent = self.agents.get(agent_id)
@@ -552,6 +561,7 @@ def agent_detail(agent: Agent) -> AgentDetail:
         provider=agent.model.label,
         tools=len(tools),
         tool_list=tools,
+        skills=len(agent.recall.skills),
         concurrency=agent.concurrency,
         limits=msgspec.to_builtins(agent.limits),
         max_output_tokens=agent.max_tokens_per_call,

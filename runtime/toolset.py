@@ -31,13 +31,13 @@ class PhaseAllowUnmatched(ManifestError):
 
 def catalogue(
     manifest: Manifest, model: Model, policy: ContextPolicy, provider: Provider,
-    sources: Sequence[ToolSource],
+    sources: Sequence[ToolSource], pinned_skills: str | None = None,
 ) -> tuple[ToolRegistry, Pinned, Phases | None]:  # fmt: skip
     """The agent's tools, from its sources in order (its own, then its live sources'), its
-    pinned prefix, and its phases' views when it declares phases. A name its own tools use
-    twice is a manifest error (DuplicateTool); a tool of another source whose name is taken
-    already is left out, and said so; a phase's allow entry that names no tool fails the load
-    (PhaseAllowUnmatched)."""
+    pinned prefix (``pinned_skills``: the block of the skills it pins, last), and its phases'
+    views when it declares phases. A name its own tools use twice is a manifest error
+    (DuplicateTool); a tool of another source whose name is taken already is left out, and said
+    so; a phase's allow entry that names no tool fails the load (PhaseAllowUnmatched)."""
     own = [_tool(manifest, t) for t in manifest.tools]
     if (own or sources) and "artifact_read" not in {t.name for t in own}:
         # Compaction shortens old tool results and names this tool to read them whole.
@@ -57,7 +57,7 @@ def catalogue(
             tools.append(spec)
     registry = ToolRegistry(tools)
     server = _server_tools(manifest, provider, set(registry.names))
-    pinned = _pinned(manifest, model, registry, policy, server)
+    pinned = _pinned(manifest, model, registry, policy, server, pinned_skills)
     return registry, pinned, _phases(manifest, tools, server, pinned)
 
 
@@ -95,7 +95,7 @@ def _never(args: dict[str, Any], ctx: object) -> str:  # pragma: no cover - neve
 
 
 def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry, policy: ContextPolicy,
-            server: list[dict[str, Any]]) -> Pinned:  # fmt: skip
+            server: list[dict[str, Any]], pinned_skills: str | None) -> Pinned:  # fmt: skip
     """The agent's pinned blocks, rendered once: the same bytes every turn."""
     blocks = [
         Block(i.label, i.text) if isinstance(i, Instruction) else Block("instructions", i)
@@ -105,6 +105,8 @@ def _pinned(manifest: Manifest, model: Model, tools: ToolRegistry, policy: Conte
     blocks.append(Block("configuration", _configuration(manifest, model, tools, policy)))
     if manifest.reminders:
         blocks.append(Block("reminders", "\n".join(manifest.reminders)))
+    if pinned_skills is not None:
+        blocks.append(Block("skills (pinned)", pinned_skills))
     return Pinned(system=tuple(blocks), tools=[*tools.definitions(), *server])
 
 

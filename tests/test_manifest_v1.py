@@ -235,7 +235,6 @@ def test_telegram_channels_and_their_schedules_are_carried_over() -> None:
 def test_sections_without_an_equivalent_are_noted() -> None:
     sections = {
         "extends": "./base.agent.yaml",
-        "skills": {"dir": "./skills"},
         "knowledge": {"dir": "./knowledge"},
         "memory": {},
         "delivery": {"default": "tg"},
@@ -246,6 +245,12 @@ def test_sections_without_an_equivalent_are_noted() -> None:
     _, notes = translate(v1(**sections))
     assert [n.split(":")[0] for n in notes] == list(sections)
     assert notes[-1] == "kind: not a field of the v1 schema"
+
+
+def test_skills_are_read_as_ours_less_the_score_floor() -> None:
+    ours, notes = translate(v1(skills={"dir": "./skills", "maxActive": 2, "threshold": 0.35}))
+    assert ours["skills"] == {"dir": "./skills", "max": 2}
+    assert [n.split(":")[0] for n in notes] == ["skills.threshold"]
 
 
 def test_context_fields_of_the_workspace_and_the_ladder_are_noted() -> None:

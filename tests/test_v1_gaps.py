@@ -1,8 +1,8 @@
 """What a Dispach v1 client meets on our API beyond messages and streams: the tools and skills
-of an agent, reload and a session's phase (refused, as docs/api.md says), v1's own codes for a
-``deliver`` or ``from`` that does not fit (on every door: HTTP, WebSocket, NATS), the cleared
-session's ``memoryFilesKept``, the model an agent really runs, the envelope's ``runtimeId``,
-and a turn's prompt tokens summed over its model calls."""
+of an agent (skills supported), reload and a session's phase (refused, as docs/api.md says),
+v1's own codes for a ``deliver`` or ``from`` that does not fit (on every door: HTTP,
+WebSocket, NATS), the cleared session's ``memoryFilesKept``, the model an agent really runs,
+the envelope's ``runtimeId``, and a turn's prompt tokens summed over its model calls."""
 
 from __future__ import annotations
 
@@ -80,11 +80,18 @@ async def test_the_tools_of_an_agent_in_v1_shape_with_policy_and_timeout(
 
 
 @pytest.mark.asyncio
-async def test_skills_are_not_supported_and_say_so(api: ApiServer) -> None:
+async def test_skills_are_supported_and_an_agent_without_any_says_so(api: ApiServer) -> None:
+    """v1 0.1.0 answered ``{skills: [], supported: false}``; skills exist here (tests/
+    test_skills.py), so the default agent, which has none, answers an empty list, supported,
+    with how its turns would select them."""
     async with client_of(api) as http:
         skills = await http.get("/v1/agents/assistant/skills")
         nobody = await http.get("/v1/agents/nobody/skills")
-    assert skills.status_code == 200 and skills.json() == {"skills": [], "supported": False}
+    assert skills.status_code == 200
+    body = skills.json()
+    assert (body["skills"], body["supported"]) == ([], True)
+    assert body["selection"]["dir"] is None and body["selection"]["max"] == 1
+    assert body["memory"]["recall"] is False
     error_of(nobody, 404, "agent_not_found")
 
 

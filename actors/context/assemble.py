@@ -8,17 +8,23 @@ provider can cache the prefix::
                                       (actors/phases.py)
     system: instructions     pinned   one block per manifest instruction (identity, rules, ...)
     system: configuration    pinned   the agent's own setup, rendered once at load
-    system: reminders        pinned   re-asserted rules              <- cache breakpoint 1
+    system: reminders        pinned   re-asserted rules
+    system: skills (pinned)  pinned   the skills the manifest pins   <- cache breakpoint 1
     system: notes                     the session's notes, as they were when the turn began
+                                      (left out when memory.recall picks among them)
     system: last error       pinned   how the previous turn ended, when it ended badly
     messages: digest                  what stands for the compacted turns, + every request
     messages: history                 the turns since the digest (marks applied)
                                                                      <- cache breakpoint 2
+    messages: skills                  the skills this turn selected  } in the input's
+    messages: memory                  the notes this turn recalled   } message, before it
     messages: input          pinned   the person's message
     messages: this turn               the turn's own steps so far    <- cache breakpoint 3
 
 Pinned blocks are never compacted; only digest and history are. The person's own requests are
-never dropped either: the digest carries every one it covers, verbatim.
+never dropped either: the digest carries every one it covers, verbatim. A turn's recall
+(actors/recall.py) changes from turn to turn, so it sits after the history's breakpoint, with
+the input: choosing another skill costs the input's message, not the history's cache.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from actors.context.history import (
 )
 from actors.context.rungs import marked_raw
 from actors.model import joined
+from actors.recall import NOTHING, Recalled
 from eventstore.catalogue import ContextSlot
 
 _BREAKPOINT = {"type": "ephemeral"}
@@ -205,9 +212,10 @@ def assemble(
     text: str,
     transcript: Sequence[dict[str, Any]],
     keep_tokens: int = 300,
+    recalled: Recalled = NOTHING,
 ) -> Assembly:
     """The request for one model call: ``text`` is the person's input, ``transcript`` the
-    turn's own messages after it."""
+    turn's own messages after it, ``recalled`` the turn's skills and notes."""
     slots: list[ContextSlot] = []
     texts: list[str | None] = []
 
@@ -220,7 +228,7 @@ def assemble(
     for block, tokens in zip(pinned.system, pinned._tokens, strict=True):
         slot(block.label, tokens, True, block.text)
     stable = len(system)
-    notes = notes_text(history)
+    notes = None if recalled.replaces_notes else notes_text(history)
     if notes is not None:
         system.append({"type": "text", "text": notes})
         slot("notes", text_tokens(notes), False, notes)
@@ -239,7 +247,12 @@ def assemble(
     messages = rendered.last()  # the closed messages before it are sent as they are stored
     if messages and _mark_last(messages):
         breakpoints += 1
-    _append(messages, "user", [{"type": "text", "text": text}])
+    before: list[dict[str, Any]] = []
+    for label, said in (("skills", recalled.skills), ("memory", recalled.memory)):
+        if said is not None:
+            before.append({"type": "text", "text": said})
+            slot(label, text_tokens(said), False, said)
+    _append(messages, "user", [*before, {"type": "text", "text": text}])
     slot("input", text_tokens(text), True, text)
     for message in transcript:
         content = wire(message["content"])  # the turn's own blocks, as the API takes them back
@@ -262,11 +275,13 @@ def total(
     text: str,
     transcript: Sequence[dict[str, Any]],
     keep_tokens: int = 300,
+    recalled: Recalled = NOTHING,
 ) -> int:
     """``assemble(...).total`` without building the request: what the ladder checks after each
     rung (the request itself is built once, when the ladder is done)."""
     rendered = render(history, keep_tokens)
-    notes = notes_text(history)
+    notes = None if recalled.replaces_notes else notes_text(history)
+    blocks = (recalled.skills, recalled.memory)
     return (
         pinned._tools_tokens
         + sum(pinned._tokens)
@@ -274,6 +289,7 @@ def total(
         + (text_tokens(history.last_error) if history.last_error else 0)
         + rendered.digest_tokens
         + rendered.tokens
+        + sum(text_tokens(b) for b in blocks if b is not None)
         + text_tokens(text)
         + turn_tokens(transcript)
     )

@@ -20,6 +20,7 @@ from actors.context.history import Digest, Entry, History
 from actors.context.policy import ContextPolicy
 from actors.context.rungs import RUNGS
 from actors.model import Completed, Model, ModelError, ModelRequest, TextDelta
+from actors.recall import NOTHING, Recalled
 from eventstore.catalogue import CompactionStage, ContextPressure
 from eventstore.event import Event
 
@@ -143,9 +144,10 @@ async def prepare(
     policy: ContextPolicy,
     digester: Digester,
     counter: Counter | None = None,
+    recalled: Recalled = NOTHING,
 ) -> Prepared:
     """Assemble the request, compacting ``history`` (in place) when its pressure calls for it."""
-    assembly = assemble(pinned, history, text, transcript, policy.excerpt_keep)
+    assembly = assemble(pinned, history, text, transcript, policy.excerpt_keep, recalled)
     budget, ratio = policy.budget, history.ratio
     source: Literal["reported", "corrected", "estimated"] = (
         "corrected" if history.calibrated else "estimated"
@@ -172,14 +174,14 @@ async def prepare(
             if not event["changed"]:
                 continue  # nothing of its kind to compact: the next rung may have something
             tokens = math.ceil(
-                total(pinned, history, text, transcript, policy.excerpt_keep) * ratio
+                total(pinned, history, text, transcript, policy.excerpt_keep, recalled) * ratio
             )
             events.append(CompactionStage(**{**event, "stage": rung.name, "before": before,
                                              "after": tokens}))  # fmt: skip
         if source == "reported":
             source = "corrected"  # the count was of the request before compaction
         if events:
-            assembly = assemble(pinned, history, text, transcript, policy.excerpt_keep)
+            assembly = assemble(pinned, history, text, transcript, policy.excerpt_keep, recalled)
     events.append(ContextPressure(fraction=round(tokens / budget, 4), tokens=tokens,
                                   budget=budget, source=source, peak=peak))  # fmt: skip
     return Prepared(assembly, events, tokens, over=tokens > budget)

@@ -20,6 +20,7 @@ from actors.context import rungs
 from actors.context.assemble import assemble
 from actors.context.history import Entry, History, entry
 from actors.context.load import last_error_line
+from actors.recall import NOTHING, resolve
 from actors.tools import notes as session_notes
 from actors.turn.core import TurnState, apply
 from eventstore import EventStore, RecordedEvent, streams
@@ -31,6 +32,8 @@ from eventstore.catalogue import (
     PhaseChanged,
     SessionCleared,
     SessionForked,
+    SkillNone,
+    SkillSelected,
     ToolResult,
     TurnAttempt,
     TurnEnd,
@@ -58,6 +61,7 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
     requests: list[dict[str, Any]] = []
     state = TurnState()
     phase: str | None = None  # the session's when the run began, as the runner reads it
+    recalled = NOTHING
     for event in upcast(own):
         data = event.data
         if isinstance(data, TurnAttempt) or (isinstance(data, TurnStart) and data.attempt):
@@ -65,10 +69,12 @@ async def replay(store: EventStore, agent: Agent, turn_id: str) -> list[dict[str
             phase = _phase_before(session, event.position)
         elif isinstance(data, CompactionStage):
             rungs.replay(history, data)
+        elif isinstance(data, SkillSelected | SkillNone):
+            recalled = await resolve(store, agent.id, agent.recall, history.notes, data)
         elif _request(data):
             pinned = agent.view(state.phase or phase).pinned
             built = assemble(pinned, history, state.input, state.transcript,
-                             agent.context.excerpt_keep)  # fmt: skip
+                             agent.context.excerpt_keep, recalled)  # fmt: skip
             requests.append({"system": built.system, "tools": pinned.tools,
                              "messages": built.messages})  # fmt: skip
         state = apply(state, data, version=event.version, turn_id=turn_id)

@@ -17,6 +17,7 @@ from actors.messages import (
     HistoryCounts,
     SessionContext,
 )
+from actors.recall import NOTHING, Recalled
 
 
 def session_context(
@@ -26,14 +27,16 @@ def session_context(
     phase: str | None,
     text: str = "",
     messages: bool = False,
+    recalled: Recalled = NOTHING,
 ) -> SessionContext:
     """The first request of the session's next turn for the input ``text``, before compaction,
     as blocks with their tokens and texts, with the tools of the session's ``phase`` (None:
-    the entry phase). Without an input (``""``) the input slot and block are left out; without
-    a session (``session_key`` None), ``history`` is empty: a new session's first turn."""
+    the entry phase) and the skills and notes ``recalled`` for it. Without an input (``""``)
+    the input slot and block are left out; without a session (``session_key`` None),
+    ``history`` is empty: a new session's first turn."""
     policy = agent.context
     view = agent.view(phase)
-    built = assemble(view.pinned, history, text, (), policy.excerpt_keep)
+    built = assemble(view.pinned, history, text, (), policy.excerpt_keep, recalled)
     digest = history.view.digest
     slots = [
         ContextBlock(slot=s.slot, label=s.label, pinned=s.pinned, tokens=s.tokens, text=shown)

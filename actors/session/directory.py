@@ -13,7 +13,7 @@ import msgspec
 import pykka
 import structlog
 
-from actors import idempotency, ids
+from actors import idempotency, ids, recall
 from actors.actor import MailboxFull, ask
 from actors.agent import Agent
 from actors.cluster.partitions import partition_of
@@ -41,6 +41,7 @@ from actors.messages import (
     Submit,
     TurnContext,
 )
+from actors.recall import Recalled
 from actors.session.actor import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
 from actors.session.core import (
     Fork,
@@ -271,7 +272,17 @@ class SessionDirectory:
         phase = None
         if agent.phases is not None:
             phase = await load_phase(self.store, agent_id, session_key)
-        return session_context(agent, session_key, history, phase, text, messages)
+        recalled = await self._recalled(agent, history, text)
+        return session_context(agent, session_key, history, phase, text, messages, recalled)
+
+    async def _recalled(self, agent: Agent, history: History, text: str) -> Recalled:
+        """What a turn with the input ``text`` would recall (chosen as the turn would, recorded
+        nowhere); without an input, nothing is chosen."""
+        policy = agent.recall
+        if not text or not policy.active:
+            return Recalled(replaces_notes=policy.notes)
+        chosen = await recall.select(self.store, agent.id, policy, history, text)
+        return await recall.resolve(self.store, agent.id, policy, history.notes, chosen)
 
     async def _history(self, agent_id: str, session_key: str) -> History:
         """The live actor's copy of the session's history when it holds one, else the history

@@ -22,6 +22,8 @@ from eventstore.catalogue import (
     ErrorDetail,
     ModelResult,
     PhaseChanged,
+    SkillNone,
+    SkillSelected,
     ToolCall,
     ToolRepair,
     ToolResult,
@@ -100,6 +102,8 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     phase: str | None = None
     """The phase ``phase_set`` moved the session to in this turn (None: it did not); the
     turn's next model calls see that phase's tools."""
+    recall: SkillSelected | SkillNone | None = None
+    """What the turn recalled (its skills and notes), once chosen: a resumed turn reads it."""
     ended: EndReason | None = None
 
     @property
@@ -113,7 +117,7 @@ def evolve(state: TurnState, event: RecordedEvent) -> TurnState:
     return apply(state, event.data, version=event.version, turn_id=event.metadata.turn_id)
 
 
-def apply(  # noqa: PLR0912 - one case per kind of event the turn folds
+def apply(
     state: TurnState, data: Event | UnknownEvent, *, version: int, turn_id: str | None = None
 ) -> TurnState:
     """The state after an event's data, stored at ``version`` of the turn's stream."""
@@ -155,12 +159,22 @@ def apply(  # noqa: PLR0912 - one case per kind of event the turn folds
                 open_calls=tuple(c for c in state.open_calls if c.call_id != result.call_id),
                 tainted=state.tainted or result.trust == "untrusted",
             )
-        case ToolRepair():
-            return replace(state, repairs=state.repairs + 1)
         case PhaseChanged(to=to):
             return replace(state, phase=to)
         case ApprovalRequested() | ApprovalResolved():
             return replace(state, approvals=_approvals(state.approvals, data))
+        case _:
+            return _noted(state, data)
+
+
+def _noted(state: TurnState, data: Event | UnknownEvent) -> TurnState:
+    """The state after an event that only notes a fact: a repair, the recall, the end."""
+    replace = msgspec.structs.replace
+    match data:
+        case ToolRepair():
+            return replace(state, repairs=state.repairs + 1)
+        case SkillSelected() | SkillNone():
+            return replace(state, recall=data)
         case TurnEnd(reason=reason):
             return replace(state, ended=reason)
         case _:

@@ -18,6 +18,7 @@ from actors.context.compact import Counter, prepare
 from actors.context.history import History
 from actors.metrics import MODEL_CALL_SECONDS, count_tokens
 from actors.model import Completed, ModelError, ModelRequest, Retrying, TextDelta
+from actors.recall import NOTHING, Recalled
 from actors.turn import server_tools
 from actors.turn.chunks import Chunks
 from actors.turn.core import call_budget, model_result, retry_budget, retry_truncated
@@ -86,13 +87,15 @@ class Caller:
 
         return counter
 
-    async def call(self, history: History, pinned: Pinned) -> Completed:
+    async def call(
+        self, history: History, pinned: Pinned, recalled: Recalled = NOTHING
+    ) -> Completed:
         """The step's model call (sent again once, larger, for a reply cut off when the
-        manifest says so) with ``pinned``, the prefix of the session's phase; its events staged
-        or sent on the journal."""
+        manifest says so) with ``pinned``, the prefix of the session's phase, and the turn's
+        recall; its events staged or sent on the journal."""
         agent, state, policy = self.agent, self.journal.state, self.agent.context
         prepared = await prepare(pinned, history, state.input, state.transcript, policy,
-                                 agent.digester, self._counter(pinned))  # fmt: skip
+                                 agent.digester, self._counter(pinned), recalled)  # fmt: skip
         assembly = prepared.assembly
         self.journal.step_id = ids.step_id()
         *stages, pressure = prepared.events

@@ -29,6 +29,9 @@ from actors.metrics import (
 )
 from actors.model import ModelError
 from actors.phases import PhaseView
+from actors.recall import NOTHING, Recalled
+from actors.recall import resolve as resolve_recall
+from actors.recall import select as select_recall
 from actors.tools import ToolSpec, execute_calls
 from actors.tools.notes import StoreNotes
 from actors.turn import ending
@@ -263,9 +266,24 @@ class TurnRunner:
 
     # --- the loop ------------------------------------------------------------------------------
 
+    async def _recall(self, history: History) -> Recalled:
+        """The turn's recall: chosen once, before its first model call (staged, it goes to the
+        log with that call's ``model.call``), or read back from the log when the turn resumes.
+        A turn begun before its agent recalled anything (steps already run) keeps to that."""
+        policy = self.agent.recall
+        chosen = self.state.recall
+        if not policy.active or (chosen is None and self.state.steps > 0):
+            return NOTHING
+        if chosen is None:
+            chosen = await select_recall(self.store, self.agent.id, policy, history,
+                                         self.state.input)  # fmt: skip
+            self.journal.stage([chosen])
+        return await resolve_recall(self.store, self.agent.id, policy, history.notes, chosen)
+
     async def _loop(self, history: History) -> End:
         limits = self.agent.limits
         step = StepClock(STEP_SECONDS.labels(agent=self.agent.id))
+        recalled = await self._recall(history)
         while True:
             pending = unanswered_tool_uses(self.state)
             if pending:
@@ -287,7 +305,7 @@ class TurnRunner:
                     return decided
             step.start()
             self._trace.step(self.state.steps + 1)
-            completed = await self._caller.call(history, self._view().pinned)
+            completed = await self._caller.call(history, self._view().pinned, recalled)
             decided = after_model(self.state, completed.content, completed.stop_reason, limits)
             if isinstance(decided, End):
                 step.done()

@@ -84,18 +84,23 @@ AGENT_TOOLS = Operation(
 
 
 async def agent_skills(request: Request) -> Response:
-    """``GET …/skills``: v1 0.1.0's answer for a runtime without skills. ``supported: false``
-    says the runtime has none, which an empty list alone would not."""
-    agent(request)
-    return json_response(SkillList(skills=[], supported=False))
+    """``GET …/skills``: the agent's skills as this node loaded them, and how a turn selects
+    them (``supported: true``: v1 0.1.0 answered false, having none)."""
+    found = agent(request)
+    skills = runtime(request).skills(found.id)
+    if skills is None:  # loaded a moment ago and gone since: answered as any unknown agent
+        raise ApiError(404, "agent_not_found", f"no agent {found.id!r} on this node",
+                       "GET /v1/agents lists the agents", "agent")  # fmt: skip
+    return json_response(skills)
 
 
 AGENT_SKILLS = Operation(
     "GET",
     "/v1/agents/{agent}/skills",
     agent_skills,
-    "Skills: none, this runtime has none (`supported: false`, as Dispach v1 0.1.0)",
-    {"200": answer(SkillList, "No skills")},
+    "The agent's skills (id, title, description, tokens) and how each turn selects them and "
+    "recalls the session's notes",
+    {"200": answer(SkillList, "Skills and their selection")},
     params=[AGENT],
 )
 

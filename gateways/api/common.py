@@ -21,7 +21,7 @@ from actors.prices import PriceTable
 from eventstore import Checkpoint, EventStore, InvalidCursor, StoreError
 from eventstore.feed import Feed
 from gateways import ingress
-from gateways.api.schemas import AgentDetail
+from gateways.api.schemas import AgentDetail, SkillList
 from gateways.http.auth import EVERYONE, PRIVATE_NEEDS_TOKEN, PRIVATE_QUERY, Principal
 
 MAX_PAGE = 500
@@ -65,6 +65,10 @@ class Runtime(Protocol):
         ...
 
     def agent_details(self) -> dict[str, AgentDetail]: ...
+
+    def skills(self, agent_id: str) -> SkillList | None:
+        """The agent's skills and how its turns select them (None: no such agent)."""
+        ...
 
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:
         """An agent's channel, if it has that one."""

@@ -163,12 +163,45 @@ class ToolInfo(_Body, frozen=True):
     """Seconds a call may run (the tool's own, else the agent's ``limits.tool_timeout_s``)."""
 
 
-class SkillList(_Body, frozen=True):
-    """``GET …/skills``: this runtime has no skills (v1 0.1.0's answer, which says so rather
-    than an empty list a client would read as "this agent has none")."""
+class SkillInfo(_Body, frozen=True):
+    """One of an agent's skills: what a turn's words are matched against, and its size."""
 
-    skills: list[dict[str, Any]]
+    id: str
+    title: str
+    description: str
+    tokens: int
+    """Tokens its section of a skills block takes."""
+    pinned: bool
+    digest: str
+    """The version of its file this node loaded (``skill.selected`` names it)."""
+
+
+class SkillSelection(_Body, frozen=True):
+    """How the agent's turns select skills (its manifest's ``skills``)."""
+
+    dir: str | None
+    max: int
+    max_tokens: int
+    pinned: list[str]
+    ranking: str
+
+
+class MemoryRecall(_Body, frozen=True):
+    """How the agent's turns recall the session's notes (its manifest's ``memory.recall``)."""
+
+    recall: bool
+    max: int
+    max_tokens: int
+
+
+class SkillList(_Body, frozen=True):
+    """``GET …/skills``: the agent's skills and how each turn selects among them (v1 0.1.0
+    answered ``{skills: [], supported: false}``; ``supported`` stays, now true)."""
+
+    skills: list[SkillInfo]
     supported: bool
+    selection: SkillSelection
+    memory: MemoryRecall
 
 
 class PhaseBody(_Body, frozen=True):
