@@ -135,7 +135,8 @@ def translate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     schedules = _schedules(source.get("schedules") or [], {c["id"] for c in channels}, notes)
     if schedules:
         out["schedules"] = schedules
-    out["phases"] = _phases(source.get("phases") or {}, tools, notes)
+    if source.get("phases") is not None:
+        out["phases"] = _phases(source["phases"], tools, notes)
     out.update(_skills(source, notes))
     known = {
         "phases",
