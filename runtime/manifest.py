@@ -33,6 +33,7 @@ from eventstore.catalogue import Deliver, ErrorDetail
 from gateways.channels import build as build_channel
 from gateways.manifests import ManifestError
 from gateways.model import providers
+from runtime import teams
 from runtime.manifest_schema import DEFAULT, Manifest
 from runtime.manifest_v1 import is_v1, translate
 from runtime.toolset import catalogue
@@ -80,7 +81,10 @@ def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[
     (without the tools of the sources it declares, an MCP server's, which a running node opens:
     see :func:`build`)."""
     env = dict(os.environ) if env is None else env
-    return {m.id: build(m, env) for m in load_manifests(directory).values()}
+    manifests = load_manifests(directory)
+    members = teams.members_of(manifests)
+    return {m.id: build(m, env, addressable=teams.addressable(m, members))
+            for m in manifests.values()}  # fmt: skip
 
 
 def load_manifests(directory: Path | None) -> dict[str, Manifest]:
@@ -96,12 +100,15 @@ def load_manifests(directory: Path | None) -> dict[str, Manifest]:
                     field="id",
                 )
             manifests[manifest.id] = manifest
+    teams.check(manifests)
     return manifests
 
 
-def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource] = ()) -> Agent:
+def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource] = (), *,
+          addressable: bool = True) -> Agent:  # fmt: skip
     """The agent of ``manifest``; ``sources``: the live sources it declares (its MCP servers),
-    whose tools (as they last listed them) join its own."""
+    whose tools (as they last listed them) join its own; ``addressable``: whether messages
+    reach it over HTTP (runtime/teams.py decides, knowing every manifest)."""
     model = providers.model(manifest.model, env, manifest.id, "model")
     policy = _context_policy(manifest)
     provider = providers.chosen(manifest.model, env)
@@ -131,6 +138,8 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
         digester=_digester(manifest, env),
         reasoning=providers.reasoning(manifest.model, env, manifest.id),
         truncation=manifest.model.truncation,
+        members=tuple(manifest.members),
+        addressable=addressable,
     )
     check_schedules(manifest, agent.channels)
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,

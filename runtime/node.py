@@ -28,6 +28,7 @@ from actors.agent import Agent
 from actors.channels import ChannelHost
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
+from actors.handoff import Handoffs
 from actors.host import ActorHost
 from actors.messages import ClusterStatus
 from actors.outbox import Channel
@@ -58,7 +59,7 @@ from gateways.http.wsprotocol import EdgeWebSocket
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
 from gateways.toolsources import KINDS
-from runtime import manifest
+from runtime import manifest, teams
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
@@ -88,6 +89,9 @@ class Node:
         self.sources: dict[str, LiveSources] = {}
         """The live tool sources the manifests declare, by kind (``mcp_servers``); a kind no
         manifest declares is not opened (nor its SDK imported)."""
+        self.handoffs = Handoffs()
+        """What the supervisors' handoff tools reach (the log, the command path), bound at
+        start."""
         self.engine: SessionDirectory | None = None
         self.feed: Feed | None = None
         self._details: dict[str, AgentDetail] = {}
@@ -228,6 +232,7 @@ class Node:
             wait_seconds=min(self.accept_timeout, self.settings.lease_ttl_seconds + 2),
         )  # fmt: skip
         await self.commands.listen()
+        self.handoffs.bind(store, self.commands)  # before any turn runs or resumes
         self._ingress = Ingress(self.nc, set(self.agents), self.commands)
         self.scheduler = self.actors.start(SchedulerActor, self.engine, self.commands)
         scheduler = self.scheduler
@@ -300,15 +305,19 @@ class Node:
             if any(by_agent.values()):
                 self.sources[kind.key] = kind.open(by_agent, VERSION, self._sources_changed)
         await asyncio.gather(*(live.start(SOURCES_START_SECONDS) for live in self.sources.values()))
+        members = teams.members_of(self._manifests)
         self.agents = await blocking(lambda: {
-            agent_id: manifest.build(m, self._env, self._sources_of(agent_id))
+            agent_id: manifest.build(m, self._env, self._sources_of(agent_id),
+                                     addressable=teams.addressable(m, members))
             for agent_id, m in self._manifests.items()
         })  # fmt: skip
         self._details = {a.id: agent_detail(a) for a in self.agents.values()}
 
     def _sources_of(self, agent_id: str) -> list[ToolSource]:
-        """The agent's live sources, kind after kind."""
-        return [s for live in self.sources.values() for s in live.of(agent_id)]
+        """The agent's team tool (a supervisor's handoff), then its live sources, kind after
+        kind."""
+        team = teams.sources(self._manifests[agent_id], self.handoffs)
+        return [*team, *(s for live in self.sources.values() for s in live.of(agent_id))]
 
     def _sources_changed(self, agent_id: str) -> None:
         """A source of the agent lists other tools (a server came up, came back, or said they
@@ -547,6 +556,8 @@ def agent_detail(agent: Agent) -> AgentDetail:
         concurrency=agent.concurrency,
         limits=msgspec.to_builtins(agent.limits),
         max_output_tokens=agent.max_tokens_per_call,
+        members=list(agent.members),
+        addressable=agent.addressable,
     )
 
 

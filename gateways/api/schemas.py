@@ -196,6 +196,10 @@ class AgentDetail(_Body, frozen=True):
     channels: list[str] = msgspec.field(default_factory=list)
     warnings: list[str] = msgspec.field(default_factory=list)
     phase: str | None = None
+    members: list[str] = msgspec.field(default_factory=list)
+    """The agents it hands tasks to (its team); empty for an agent without members."""
+    addressable: bool = True
+    """Whether messages reach it over HTTP (a member of a team, by default, is not)."""
 
 
 class ForkOrigin(_Body, frozen=True):

@@ -32,6 +32,7 @@ from gateways.api.common import (
     decode_body,
     fetch,
     int_param,
+    not_addressable,
     principal,
     private_param,
     read_body,
@@ -118,7 +119,7 @@ async def post_message(request: Request) -> Response:
         idempotency_key=request.headers.get("idempotency-key"),
         sender=body.sender,
     )
-    problem = ingress.check(message)
+    problem = not_addressable(target) or ingress.check(message)
     if problem is not None:
         raise refused(problem)
     rt = runtime(request)
