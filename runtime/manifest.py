@@ -25,6 +25,7 @@ import yaml
 from actors.agent import Agent
 from actors.context.compact import Digester
 from actors.context.policy import STAGES, ContextPolicy
+from actors.handoff import Handoffs
 from actors.outbox import Channel
 from actors.schedule.plan import problems
 from actors.tools import ToolSource
@@ -79,11 +80,13 @@ def decode(text: str | bytes, source: str) -> Manifest:
 def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[str, Agent]:
     """The default agent plus every ``*.yaml`` manifest in ``directory``, built into agents
     (without the tools of the sources it declares, an MCP server's, which a running node opens:
-    see :func:`build`)."""
+    see :func:`build`; a supervisor's handoff tool is there, but runs only in a node)."""
     env = dict(os.environ) if env is None else env
     manifests = load_manifests(directory)
     members = teams.members_of(manifests)
-    return {m.id: build(m, env, addressable=teams.addressable(m, members))
+    unbound = Handoffs()  # a handoff outside a node says it cannot run
+    return {m.id: build(m, env, teams.sources(m, unbound),
+                        addressable=teams.addressable(m, members))
             for m in manifests.values()}  # fmt: skip
 
 

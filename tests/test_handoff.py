@@ -20,6 +20,7 @@ from eventstore.catalogue import (
     TurnEnd,
     TurnStart,
 )
+from eventstore.projections.turns import turn_row
 from tests import fakes
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes import FakeAnthropic, Reply, ToolUse
@@ -92,6 +93,16 @@ def of(events: list[RecordedEvent], kind: type[Any]) -> list[Any]:
     return [e.data for e in events if isinstance(e.data, kind)]
 
 
+async def projected_handoffs(api: ApiServer, turn_id: str) -> list[dict[str, Any]]:
+    """The turn's ``handoffs`` as the turns projection holds them in Postgres."""
+    async with store_of(api.node).apool.connection() as conn:
+        cursor = await conn.execute("SELECT handoffs FROM turns WHERE turn_id = %s", [turn_id])
+        row = await cursor.fetchone()
+    assert row is not None
+    found: list[dict[str, Any]] = row[0]
+    return found
+
+
 async def post(http: httpx.AsyncClient, agent: str, text: str) -> httpx.Response:
     return await http.post(f"/v1/agents/{agent}/messages", json={"text": text})
 
@@ -113,6 +124,7 @@ async def test_a_supervisor_hands_off_to_a_member_that_uses_a_tool_and_reads_its
         turn_id = response.json()["turnId"]
         events = await wait_end(api.node, turn_id)
         listed = (await http.get(f"/v1/agents/boss/turns/{turn_id}/events")).json()
+        resource = (await http.get(f"/v1/agents/boss/turns/{turn_id}")).json()
         boss = (await http.get("/v1/agents/boss")).json()
         adder = (await http.get("/v1/agents/adder")).json()
         # The member takes work only by handoff: over HTTP it is refused, with a code and hint.
@@ -136,6 +148,14 @@ async def test_a_supervisor_hands_off_to_a_member_that_uses_a_tool_and_reads_its
     assert types.index("handoff.result") < types.index("tool.result")
     wire = next(e for e in listed["events"] if e["type"] == "handoff.result")["data"]
     assert wire["outcome"] == "ok" and wire["steps"] == 2 and wire["turnIds"] == [start.turn_id]
+
+    # The turn resource lists the handoff, the same from memory and from the projection.
+    [entry] = resource["handoffs"]
+    assert entry == {"callId": "toolu_h1", "member": "adder", "sessionKey": start.session_key,
+                     "turnId": start.turn_id, "outcome": "ok", "turnIds": [start.turn_id],
+                     "steps": 2, "promptTokens": result.tokens.prompt,
+                     "outputTokens": result.tokens.output}  # fmt: skip
+    assert await projected_handoffs(api, turn_id) == turn_row(events)["handoffs"]  # type: ignore[index]
 
     # The member ran a normal turn in its own session, and called its own tool there.
     child = await store_of(api.node).aread_stream(streams.turn(start.turn_id))
@@ -217,6 +237,10 @@ async def test_an_artifact_still_invalid_after_the_repair_is_reported_to_the_sup
     assert sent["is_error"] is True and "handoff_invalid" not in sent["content"]
     assert "gave no artifact" in sent["content"]
     assert of(events, TurnEnd)[0].reason == "final"
+    [entry] = await projected_handoffs(api, response.json()["turnId"])
+    assert entry["outcome"] == "invalid" and entry["repaired"] is True
+    assert entry["errorCode"] == "handoff_invalid" and entry["turnIds"] == result.turn_ids
+    assert [entry] == turn_row(events)["handoffs"]  # type: ignore[index]
     assert fake_anthropic.pending == 0  # exactly one repair round: no third member turn
 
 

@@ -136,7 +136,7 @@ async def test_kill_9_during_the_members_turn_resumes_it_and_the_handoff_runs_on
     assert repair == [], "no second member turn"
     handed = [r for r in of(events, ToolResult) if isinstance(r, ToolResult)]
     assert [(r.slug, r.ok) for r in handed] == [("handoff", True)]
-    assert '{"done":true}' in handed[0].output
+    assert '{"done":true}' in (handed[0].output or "")
     [end] = of(events, TurnEnd)
     assert isinstance(end, TurnEnd) and end.reason == "final"
     assert end.text == "recorded, after the crash"

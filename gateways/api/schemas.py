@@ -77,6 +77,24 @@ class CallUsage(_Body, frozen=True):
     finish_reason: str
 
 
+class HandoffInfo(_Body, frozen=True):
+    """One handoff of a supervisor's turn: its member's turn, and once it is over, how it went
+    (docs/events.md, ``handoff.result``)."""
+
+    call_id: str
+    member: str
+    session_key: str
+    turn_id: str
+    outcome: str
+    """``running`` until ``handoff.result``, then its outcome."""
+    turn_ids: list[str] = msgspec.field(default_factory=list)
+    steps: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    repaired: bool = False
+    error_code: str | None = None
+
+
 class TurnResource(_Body, frozen=True):
     """The stored turn: ``status`` is ``running`` until the end, then the end reason."""
 
@@ -107,6 +125,8 @@ class TurnResource(_Body, frozen=True):
     """Present when the turn's reply was promised to a channel (``deliver``)."""
     calls: list[CallUsage] = msgspec.field(default_factory=list)
     """Each model call's usage, in order."""
+    handoffs: list[HandoffInfo] = msgspec.field(default_factory=list)
+    """A supervisor's handoffs, in the order its calls started (ours)."""
     archived: bool = False
     """The turn's events were archived with their partition of the log (``dispach log
     archive``): this resource still answers, its events and stream answer ``410

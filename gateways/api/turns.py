@@ -46,6 +46,7 @@ from gateways.api.schemas import (
     CallUsage,
     DeliveryInfo,
     EventsPage,
+    HandoffInfo,
     MessageBody,
     StopAnswer,
     TurnPage,
@@ -64,6 +65,7 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     fields = dict(zip(_TURN_COLUMNS, row, strict=True))
     fields["deliveries"] = msgspec.convert(fields["deliveries"], list[DeliveryInfo])
     fields["calls"] = msgspec.convert(fields["calls"], list[CallUsage])
+    fields["handoffs"] = msgspec.convert(fields["handoffs"], list[HandoffInfo])
     return TurnResource(**fields)
 
 
@@ -83,6 +85,7 @@ def turn_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
         if row is None or (row["status"] == "running" and feed.whole(turn_id) is None):
             return None
     row["calls"] = msgspec.convert(row["calls"], list[CallUsage])
+    row["handoffs"] = msgspec.convert(row["handoffs"], list[HandoffInfo])
     return TurnResource(**row)
 
 
