@@ -6,11 +6,15 @@ left; members are not addressable over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import httpx
 import pytest
 
+from actors import ids
+from actors.handoff.plan import round_key
 from eventstore import RecordedEvent, streams
 from eventstore.catalogue import (
     HandoffResult,
@@ -267,3 +271,36 @@ async def test_the_member_turn_is_bounded_by_what_the_parent_turn_has_left(
     [result] = of(events, HandoffResult)
     assert result.outcome == "budget" and result.turn_ids == [start.turn_id] and result.steps == 1
     assert not result.repaired  # a member that ran out of budget is not asked again
+
+
+@pytest.mark.asyncio
+async def test_stopping_the_supervisor_stops_the_member_turn_it_waits_for(
+    api_factory: ApiFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = await started(api_factory, fake_anthropic, monkeypatch)
+    fake_anthropic.script(
+        handoff(),
+        Reply(text='{"total": 5} and a long tail', chunk_size=1, event_delay=1.0),
+    )
+    async with client_of(api) as http:
+        response = await post(http, "boss", "what is 2 + 3?")
+        turn_id = response.json()["turnId"]
+        child = ids.keyed_turn_id("adder", round_key(turn_id, "toolu_h1", 1))
+        store = store_of(api.node)
+
+        async def member_streaming() -> bool:
+            events = await store.aread_stream(streams.turn(child))
+            return any(e.type == "model.chunk" for e in events)
+
+        deadline = time.monotonic() + 30
+        while not await member_streaming():
+            assert time.monotonic() < deadline, "the member's turn never started streaming"
+            await asyncio.sleep(0.05)
+        stopped = await http.post(f"/v1/agents/boss/turns/{turn_id}/stop")
+        assert stopped.status_code in (200, 202), stopped.text
+        events = await wait_end(api.node, turn_id)
+        member_events = await wait_end(api.node, child, timeout=15)
+    assert of(events, TurnEnd)[0].reason == "stopped"
+    # Its reply would stream for half a minute more: it was stopped, not left to finish.
+    assert of(member_events, TurnEnd)[0].reason == "stopped"
+    assert of(events, HandoffResult) == []  # the call was cut short: no outcome to record

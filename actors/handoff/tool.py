@@ -13,6 +13,8 @@ supervisor waits for that one. The member's reply is untrusted data: the tool sa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 from actors import ids
 from actors.handoff import plan
 from actors.handoff.plan import Member
-from actors.messages import Accepted, CommandPath, Submit
+from actors.messages import Accepted, CommandPath, StopTurn, Submit
 from actors.tools import ToolCallFailed, ToolContext, ToolSpec
 from actors.turn.toolcontext import ToolCallContext
 from eventstore import EventStore, streams
@@ -38,6 +40,8 @@ NAME = "handoff"
 _GRACE_S = 30.0
 """How long past its own time limit a member turn is waited for (it ends itself by then)."""
 _POLL_S = 0.25
+_STOP_S = 2.0
+"""How long a stopping supervisor's call waits for its member turn's stop to be taken."""
 
 
 class Handoffs:
@@ -156,7 +160,14 @@ async def _handoff(port: Handoffs, member: Member, ctx: ToolCallContext, task: s
             break
         turn_ids.append(accepted.turn_id)
         wait = (left.turn_timeout_s if left.turn_timeout_s is not None else timeout_s) + _GRACE_S
-        found = await port.ended(accepted.turn_id, wait)
+        try:
+            found = await port.ended(accepted.turn_id, wait)
+        except asyncio.CancelledError:
+            if ctx.stopping():  # the supervisor's turn is stopped: so is the work it handed out
+                with contextlib.suppress(Exception):
+                    await port.commands.stop(StopTurn(turn_id=accepted.turn_id, by="handoff"),
+                                             _STOP_S)  # fmt: skip
+            raise  # a drain leaves the member turn to resume, and this call to run again
         if found is None:
             outcome, detail = "timeout", f"its turn {accepted.turn_id} did not end in time"
             break

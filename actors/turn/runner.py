@@ -364,6 +364,7 @@ class TurnRunner:
             record=self.journal.append,
             remaining=remaining(self.state, self.agent.limits,
                                 (datetime.now(UTC) - self._started_at).total_seconds()),
+            stopping=self.stopping,
         )  # fmt: skip
 
     # --- the end -------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ class ToolCallContext:
 
     def __init__(self, agent_id: str, session_key: str, turn_id: str, call_id: str,
                  notes: StoreNotes, artifacts: StoreArtifacts, *, record: Record | None = None,
-                 remaining: Budget | None = None) -> None:  # fmt: skip
+                 remaining: Budget | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         self.agent_id = agent_id
         self.session_key = session_key
         self.turn_id = turn_id
@@ -32,6 +33,9 @@ class ToolCallContext:
         and wait until they are committed."""
         self.remaining = remaining
         """The turn's budget left when the call started."""
+        self.stopping = stopping
+        """Whether a stop of the turn was asked for (a cancellation without one is the node
+        draining: the turn resumes later)."""
 
 
 class StoreArtifacts:
