@@ -44,6 +44,10 @@ class Agent:
     """Writes the digests of compacted turns (with the compactor model, if one is set)."""
     reasoning: Reasoning | None = None
     """How much the model may think (the manifest's ``model.thinking``); None: not asked."""
+    members: tuple[str, ...] = ()
+    """The agents it hands tasks to with its ``handoff`` tool (actors/handoff/)."""
+    addressable: bool = True
+    """Whether messages reach it over HTTP (a team's member, by default, is not)."""
     truncation: Literal["end", "retry"] = "end"
     """What a reply cut off by the per-call output limit does: end the turn ``truncated``, or
     go once more with twice the budget."""

@@ -8,7 +8,7 @@ from typing import Any, AnyStr, Literal, Protocol
 import msgspec
 
 from actors.schedule.plan import ScheduleSpec
-from eventstore.catalogue import Deliver, Sender
+from eventstore.catalogue import Budget, Deliver, Sender
 
 Policy = Literal["queue", "reject", "interrupt"]
 
@@ -31,6 +31,10 @@ class Submit(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     traceparent: str | None = None
     """The W3C trace context the message was sent in, set by the session's owner when tracing
     is on (actors/tracing.py); stored as the turn.start's ``correlation_id``."""
+    budget: Budget | None = None
+    """Set by a handoff (actors/handoff/): what the member's turn may spend at most, besides its
+    own limits. Not part of ``request_hash``: a resumed parent asks again with less left and
+    must be answered with the same turn."""
 
 
 class Accepted(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):

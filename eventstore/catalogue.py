@@ -52,6 +52,16 @@ class Sender(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     kind: Literal["user", "agent"] = "user"
 
 
+class Budget(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """What a turn started by another turn (a handoff's member turn) may spend at most: the
+    parent's remaining steps, seconds and output tokens when it started. The turn runs under
+    the smaller of this and its own agent's limits."""
+
+    max_steps: int | None = None
+    turn_timeout_s: float | None = None
+    max_output_tokens: int | None = None
+
+
 class ContextSlot(msgspec.Struct, frozen=True, kw_only=True):
     slot: int
     label: str
@@ -84,6 +94,9 @@ class TurnStart(Event, frozen=True):
     follows when it starts) and in every v1 event."""
     node: str | None = None
     """With ``attempt`` 1: the node that accepted the turn and runs it."""
+    budget: Budget | None = None
+    """A member turn of a handoff: the parent turn's budget left when it was handed the task;
+    None for every other turn."""
 
 
 class TurnAttempt(Event, frozen=True):
@@ -355,6 +368,46 @@ class TurnEnd(Event, frozen=True):
     error: ErrorDetail | None = None
 
 
+# --- handoffs (in the supervisor's turn stream) -------------------------------------------------
+
+HandoffOutcome = Literal["ok", "invalid", "error", "timeout", "budget", "refused"]
+"""How a handoff ended: ``ok`` (a valid artifact), ``invalid`` (no valid artifact after the
+repair round), ``error`` (the member's turn failed), ``timeout`` (it ran out of time),
+``budget`` (out of steps or output tokens), ``refused`` (the member's session refused it)."""
+
+
+class HandoffStart(Event, frozen=True):
+    """A supervisor's ``handoff`` call started a member's turn: committed before the member's
+    turn is asked for, so after a crash the parent waits for that turn instead of starting
+    another. The task text is the member turn's ``turn.start`` input."""
+
+    TYPE: ClassVar[str] = "handoff.start"
+    call_id: str
+    member: str
+    session_key: str
+    """The member's own session for this handoff (``handoff:<parent turn>:<call>``)."""
+    turn_id: str
+    """The member's first turn (the repair round, if any, is another turn of the session)."""
+    budget: Budget | None = None
+
+
+class HandoffResult(Event, frozen=True):
+    """What a handoff came to, with what it cost (every member turn of it, the repair round's
+    included). The artifact itself is the call's ``tool.result`` output."""
+
+    TYPE: ClassVar[str] = "handoff.result"
+    call_id: str
+    member: str
+    session_key: str
+    outcome: HandoffOutcome
+    turn_ids: list[str]
+    steps: int
+    tokens: Tokens
+    repaired: bool = False
+    """A repair round ran (the first reply was not a valid artifact)."""
+    error: ErrorDetail | None = None
+
+
 # --- delivery (stream outbox-<itemId>) -----------------------------------------------------------
 
 
@@ -607,6 +660,8 @@ register(
     ApprovalResolved,
     TurnStopping,
     TurnEnd,
+    HandoffStart,
+    HandoffResult,
     DeliveryEnqueued,
     DeliveryAttempted,
     DeliverySent,

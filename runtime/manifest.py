@@ -27,6 +27,7 @@ from actors.budget import Budget
 from actors.context.compact import Digester
 from actors.context.policy import ContextPolicy
 from actors.context.rungs import STAGES
+from actors.handoff import Handoffs
 from actors.outbox import Channel
 from actors.recall import RecallPolicy
 from actors.schedule.plan import problems
@@ -36,7 +37,7 @@ from eventstore.catalogue import Deliver, ErrorDetail
 from gateways.channels import build as build_channel
 from gateways.manifests import ManifestError
 from gateways.model import providers
-from runtime import skills
+from runtime import skills, teams
 from runtime.manifest_schema import DEFAULT, Manifest
 from runtime.manifest_v1 import is_v1, translate
 from runtime.toolset import catalogue
@@ -82,10 +83,14 @@ def decode(text: str | bytes, source: str) -> Manifest:
 def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[str, Agent]:
     """The default agent plus every ``*.yaml`` manifest in ``directory``, built into agents
     (without the tools of the sources it declares, an MCP server's, which a running node opens:
-    see :func:`build`)."""
+    see :func:`build`; a supervisor's handoff tool is there, but runs only in a node)."""
     env = dict(os.environ) if env is None else env
-    return {m.id: build(m, env, recall=skills.load(m, directory))
-            for m in load_manifests(directory).values()}  # fmt: skip
+    manifests = load_manifests(directory)
+    members = teams.members_of(manifests)
+    unbound = Handoffs()  # a handoff outside a node says it cannot run
+    return {m.id: build(m, env, teams.sources(m, unbound), recall=skills.load(m, directory),
+                        addressable=teams.addressable(m, members))
+            for m in manifests.values()}  # fmt: skip
 
 
 def load_manifests(directory: Path | None) -> dict[str, Manifest]:
@@ -101,14 +106,17 @@ def load_manifests(directory: Path | None) -> dict[str, Manifest]:
                     field="id",
                 )
             manifests[manifest.id] = manifest
+    teams.check(manifests)
     return manifests
 
 
-def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource] = (),
-          recall: RecallPolicy | None = None) -> Agent:  # fmt: skip
+def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource] = (), *,
+          recall: RecallPolicy | None = None, addressable: bool = True) -> Agent:  # fmt: skip
     """The agent of ``manifest``; ``sources``: the live sources it declares (its MCP servers),
     whose tools (as they last listed them) join its own; ``recall``: its skills as
-    :func:`runtime.skills.load` read them (None: none, and its memory as configured)."""
+    :func:`runtime.skills.load` read them (None: none, and its memory as configured);
+    ``addressable``: whether messages reach it over HTTP (runtime/teams.py decides, knowing
+    every manifest)."""
     model = providers.model(manifest.model, env, manifest.id, "model")
     policy = _context_policy(manifest)
     provider = providers.chosen(manifest.model, env)
@@ -145,6 +153,8 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
         truncation=manifest.model.truncation,
         budget=Budget(daily_cost_usd=limits.daily_cost_usd, daily_tokens=limits.daily_tokens),
         recall=recall,
+        members=tuple(manifest.members),
+        addressable=addressable,
     )
     check_schedules(manifest, agent.channels)
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,

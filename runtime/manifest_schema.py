@@ -127,6 +127,15 @@ class SessionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     concurrency: Literal["queue", "reject", "interrupt"] = "queue"
 
 
+class MemberConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A member of a supervisor's team: an agent it may hand tasks to (runtime/teams.py)."""
+
+    description: str
+    """What the member is for: the supervisor's model reads it in the handoff tool."""
+    artifact: dict[str, Any]
+    """The JSON Schema (draft 2020-12) the member's final reply must satisfy."""
+
+
 class Manifest(Declarations, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """An agent, as its manifest declares it (the tool sources' fields come from
     :class:`~gateways.toolsources.Declarations`)."""
@@ -150,6 +159,10 @@ class Manifest(Declarations, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     )
     """Which tools the model sees, by the session's phase (actors/phases.py); empty: every
     tool, always."""
+    members: dict[str, MemberConfig] = msgspec.field(default_factory=dict)
+    """The agents this one supervises: it gets the ``handoff`` tool to hand them tasks."""
+    addressable: bool | None = None
+    """Whether messages reach it over HTTP; unset: yes, unless it is a member of a team."""
 
 
 DEFAULT = Manifest(

@@ -135,8 +135,8 @@ def translate(raw: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     schedules = _schedules(source.get("schedules") or [], {c["id"] for c in channels}, notes)
     if schedules:
         out["schedules"] = schedules
-    if source.get("phases") is not None:
-        out["phases"] = _phases(source["phases"], tools, notes)
+    given = source.get("phases")
+    out.update({} if given is None else {"phases": _phases(given, tools, notes)})
     out.update(_skills(source, notes))
     known = {
         "phases",

@@ -29,6 +29,7 @@ from actors.budget import Budget, Budgets
 from actors.channels import ChannelHost
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
+from actors.handoff import Handoffs
 from actors.host import ActorHost
 from actors.messages import ClusterStatus
 from actors.outbox import Channel
@@ -59,7 +60,7 @@ from gateways.http.wsprotocol import EdgeWebSocket
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
 from gateways.toolsources import KINDS
-from runtime import manifest, skills
+from runtime import manifest, skills, teams
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
@@ -89,6 +90,9 @@ class Node:
         self.sources: dict[str, LiveSources] = {}
         """The live tool sources the manifests declare, by kind (``mcp_servers``); a kind no
         manifest declares is not opened (nor its SDK imported)."""
+        self.handoffs = Handoffs()
+        """What the supervisors' handoff tools reach (the log, the command path), bound at
+        start."""
         self.engine: SessionDirectory | None = None
         self.feed: Feed | None = None
         self._details: dict[str, AgentDetail] = {}
@@ -236,6 +240,7 @@ class Node:
             admit=Budgets(store, self.prices, self._budget_of).admit,
         )  # fmt: skip
         await self.commands.listen()
+        self.handoffs.bind(store, self.commands)  # before any turn runs or resumes
         self._ingress = Ingress(self.nc, set(self.agents), self.commands)
         self.scheduler = self.actors.start(SchedulerActor, self.engine, self.commands)
         scheduler = self.scheduler
@@ -309,9 +314,11 @@ class Node:
                 self.sources[kind.key] = kind.open(by_agent, VERSION, self._sources_changed)
         await asyncio.gather(*(live.start(SOURCES_START_SECONDS) for live in self.sources.values()))
         directory = self.settings.agents_path
+        members = teams.members_of(self._manifests)
         self.agents = await blocking(lambda: {
             agent_id: manifest.build(m, self._env, self._sources_of(agent_id),
-                                     skills.load(m, directory))
+                                     recall=skills.load(m, directory),
+                                     addressable=teams.addressable(m, members))
             for agent_id, m in self._manifests.items()
         })  # fmt: skip
         self._details = {a.id: agent_detail(a) for a in self.agents.values()}
@@ -324,8 +331,10 @@ class Node:
         return agent.budget if agent is not None else None
 
     def _sources_of(self, agent_id: str) -> list[ToolSource]:
-        """The agent's live sources, kind after kind."""
-        return [s for live in self.sources.values() for s in live.of(agent_id)]
+        """The agent's team tool (a supervisor's handoff), then its live sources, kind after
+        kind."""
+        team = teams.sources(self._manifests[agent_id], self.handoffs)
+        return [*team, *(s for live in self.sources.values() for s in live.of(agent_id))]
 
     def _sources_changed(self, agent_id: str) -> None:
         """A source of the agent lists other tools (a server came up, came back, or said they
@@ -569,6 +578,8 @@ def agent_detail(agent: Agent) -> AgentDetail:
         entry_phase=None if agent.phases is None else agent.phases.entry,
         phases={} if agent.phases is None else
         {name: len(view.tools.names) for name, view in agent.phases.views.items()},
+        members=list(agent.members),
+        addressable=agent.addressable,
     )  # fmt: skip
 
 

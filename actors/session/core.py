@@ -293,6 +293,7 @@ def _submit(state: SessionState, submit: Submit) -> Decision:
         sender=submit.sender,
         attempt=1 if begins else 0,
         node=state.node_id or None if begins else None,
+        budget=submit.budget,
     )
     # 202 means durable: the turn exists once this append has committed. The actor does not
     # wait for the commit (the asker does); the turn starts only after it.

@@ -17,6 +17,7 @@ from eventstore import RecordedEvent
 from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
+    Budget,
     Deliver,
     EndReason,
     ErrorDetail,
@@ -105,11 +106,39 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     recall: SkillSelected | SkillNone | None = None
     """What the turn recalled (its skills and notes), once chosen: a resumed turn reads it."""
     ended: EndReason | None = None
+    budget: Budget | None = None
+    """What the turn may spend at most, set by the turn that handed it its task (a handoff)."""
 
     @property
     def text(self) -> str:
         """The prose of the turn so far, one paragraph per step that had any."""
         return "\n\n".join(t for t in self.texts if t)
+
+
+def bounded(limits: Limits, budget: Budget | None) -> Limits:
+    """``limits`` narrowed by a budget (each bound the smaller of the two); as they are
+    without one."""
+    if budget is None:
+        return limits
+    steps, seconds, tokens = budget.max_steps, budget.turn_timeout_s, budget.max_output_tokens
+    return msgspec.structs.replace(
+        limits,
+        max_steps=max(1, min(limits.max_steps, steps)) if steps is not None else limits.max_steps,
+        turn_timeout_s=min(limits.turn_timeout_s, seconds)
+        if seconds is not None else limits.turn_timeout_s,
+        max_output_tokens=max(1, min(limits.max_output_tokens, tokens))
+        if tokens is not None else limits.max_output_tokens,
+    )  # fmt: skip
+
+
+def remaining(state: TurnState, limits: Limits, elapsed_s: float) -> Budget:
+    """What is left of a turn's budget ``elapsed_s`` seconds after it began: what a turn it
+    hands a task to may spend at most."""
+    return Budget(
+        max_steps=max(0, limits.max_steps - state.steps),
+        turn_timeout_s=max(0.0, limits.turn_timeout_s - elapsed_s),
+        max_output_tokens=max(0, limits.max_output_tokens - state.output_tokens),
+    )
 
 
 def evolve(state: TurnState, event: RecordedEvent) -> TurnState:
@@ -126,7 +155,8 @@ def apply(
     match data:
         case TurnStart(input=text, source=source, deliver=deliver, attempt=attempt):
             return replace(state, turn_id=turn_id or "", input=text, source=source,
-                           deliver=deliver, started=True, attempt=attempt)  # fmt: skip
+                           deliver=deliver, started=True, attempt=attempt,
+                           budget=data.budget)  # fmt: skip
         case TurnAttempt(attempt=attempt):
             return replace(state, attempt=attempt)
         case ModelResult() as result:

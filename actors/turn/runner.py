@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -44,7 +45,9 @@ from actors.turn.core import (
     after_model,
     after_tools,
     attempt_events,
+    bounded,
     last_reply,
+    remaining,
     repair_outcome,
     unanswered_tool_uses,
 )
@@ -173,6 +176,7 @@ class TurnRunner:
         handed, self._known = self._known is not None, None
         stored = upcast(stored)
         self.journal.read(stored)
+        self._bound()
         self._entries = [self._entry(row) for e in stored if (row := history_row(e.data))]
         if self.state.ended is not None:
             return self.state.ended
@@ -216,6 +220,13 @@ class TurnRunner:
         if history is not None:
             self.history_after = await self._after(history, end)
         return end.reason
+
+    def _bound(self) -> None:
+        """A member turn of a handoff runs under its agent's limits and what its parent had
+        left (the budget its turn.start carries), whichever is smaller."""
+        if self.state.budget is not None:
+            limits = bounded(self.agent.limits, self.state.budget)
+            self.agent = self._caller.agent = dataclasses.replace(self.agent, limits=limits)
 
     def _traced(self, start: RecordedEvent, attempt: int) -> None:
         """This run's trace: a child of the context that asked for the turn (stored with its
@@ -381,7 +392,11 @@ class TurnRunner:
             self._notes,
             StoreArtifacts(self.store, self.agent.id, self.session_key),
             self if self.agent.phases is not None else None,
-        )
+            record=self.journal.append,
+            remaining=remaining(self.state, self.agent.limits,
+                                (datetime.now(UTC) - self._started_at).total_seconds()),
+            stopping=self.stopping,
+        )  # fmt: skip
 
     # --- phases --------------------------------------------------------------------------------
 

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
+
 from actors.context import load as context_load
 from actors.tools.notes import StoreNotes
 from actors.tools.spec import PhaseSwitch
 from eventstore import EventStore
+from eventstore.catalogue import Budget
+from eventstore.event import Event
+
+Record = Callable[[Sequence[Event]], Awaitable[None]]
 
 
 class ToolCallContext:
-    """The turn a call belongs to, the session's notes and its tool results' whole bodies."""
+    """The turn a call belongs to, the session's notes and its tool results' whole bodies; for
+    the engine's own tools (``handoff``), a way to put facts on the turn's record and what is
+    left of the turn's budget."""
 
     def __init__(self, agent_id: str, session_key: str, turn_id: str, call_id: str,
                  notes: StoreNotes, artifacts: StoreArtifacts,
-                 phases: PhaseSwitch | None = None) -> None:  # fmt: skip
+                 phases: PhaseSwitch | None = None, *, record: Record | None = None,
+                 remaining: Budget | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
         self.agent_id = agent_id
         self.session_key = session_key
         self.turn_id = turn_id
@@ -21,6 +31,14 @@ class ToolCallContext:
         self.notes = notes
         self.artifacts = artifacts
         self.phases = phases
+        self.record = record
+        """Append events to the turn's stream, through its journal (the stream's one writer),
+        and wait until they are committed."""
+        self.remaining = remaining
+        """The turn's budget left when the call started."""
+        self.stopping = stopping
+        """Whether a stop of the turn was asked for (a cancellation without one is the node
+        draining: the turn resumes later)."""
 
 
 class StoreArtifacts:

@@ -11,6 +11,8 @@ from eventstore.catalogue import (
     ApprovalRequested,
     ApprovalResolved,
     DeliveryEnqueued,
+    HandoffResult,
+    HandoffStart,
     ModelResult,
     TurnAttempt,
     TurnEnd,
@@ -64,6 +66,29 @@ def call_usage(result: ModelResult) -> dict[str, Any]:
     return usage
 
 
+# A handoff's entry is appended at its start and completed in place by its result (`||` of two
+# objects keeps the start's keys the result does not set); the order is the calls' order.
+_HANDOFF_START = """UPDATE turns SET handoffs = handoffs || %s, last_position = %s
+                     WHERE turn_id = %s AND status = 'running'"""
+_HANDOFF_RESULT = """UPDATE turns SET last_position = %s, handoffs = (
+                         SELECT coalesce(jsonb_agg(CASE WHEN h->>'callId' = %s THEN h || %s
+                                                        ELSE h END ORDER BY n), '[]'::jsonb)
+                           FROM jsonb_array_elements(handoffs) WITH ORDINALITY AS e(h, n))
+                      WHERE turn_id = %s AND status = 'running'"""
+
+
+def handoff_entry(data: HandoffStart | HandoffResult) -> dict[str, Any]:
+    """What the turn resource's ``handoffs`` says of a handoff: at its start, then what its
+    result adds."""
+    if isinstance(data, HandoffStart):
+        return {"callId": data.call_id, "member": data.member, "sessionKey": data.session_key,
+                "turnId": data.turn_id, "outcome": "running"}  # fmt: skip
+    return {"outcome": data.outcome, "turnIds": data.turn_ids, "steps": data.steps,
+            "promptTokens": data.tokens.prompt, "outputTokens": data.tokens.output,
+            "repaired": data.repaired,
+            "errorCode": data.error.code if data.error else None}  # fmt: skip
+
+
 class TurnsProjection:
     """The turn resource: ``status`` is ``running`` until ``turn.end``, then its reason."""
 
@@ -76,6 +101,8 @@ class TurnsProjection:
             ModelResult.TYPE,
             ApprovalRequested.TYPE,
             ApprovalResolved.TYPE,
+            HandoffStart.TYPE,
+            HandoffResult.TYPE,
             TurnEnd.TYPE,
         }
     )
@@ -141,6 +168,11 @@ class TurnsProjection:
                         [_state_after(event.data), pos, turn_id],
                     )
                 ]
+            case HandoffStart() as start:
+                return [(_HANDOFF_START, [Jsonb([handoff_entry(start)]), pos, turn_id])]
+            case HandoffResult() as result:
+                entry = Jsonb(handoff_entry(result))
+                return [(_HANDOFF_RESULT, [pos, result.call_id, entry, turn_id])]
             case TurnEnd() as end:
                 err = end.error
                 return [
@@ -307,7 +339,7 @@ TURN_COLUMNS = (
     "turn_id", "agent_id", "session_key", "status", "state", "source", "input", "text",
     "reasoning", "steps", "attempt", "prompt_tokens", "output_tokens", "cache_read_tokens",
     "cache_write_tokens", "started_at", "error_code", "error_message", "error_hint", "ended_at",
-    "duration_ms", "deliveries", "calls",
+    "duration_ms", "deliveries", "calls", "handoffs",
 )  # fmt: skip
 """The keys of a :func:`turn_row`, in its order."""
 
@@ -324,6 +356,7 @@ def _started(event: RecordedEvent) -> dict[str, Any] | None:
         "output_tokens": 0, "cache_read_tokens": 0, "cache_write_tokens": 0,
         "started_at": event.recorded_at, "error_code": None, "error_message": None,
         "error_hint": None, "ended_at": None, "duration_ms": None, "deliveries": [], "calls": [],
+        "handoffs": [],
     }  # fmt: skip
 
 
@@ -351,6 +384,13 @@ def _evolve_turn(row: dict[str, Any], event: RecordedEvent) -> bool:
             row["state"] = _state_after(event.data)
         case DeliveryEnqueued():
             return False
+        case HandoffStart() as start:
+            row["handoffs"].append(handoff_entry(start))
+        case HandoffResult() as result:
+            row["handoffs"] = [
+                {**h, **handoff_entry(result)} if h.get("callId") == result.call_id else h
+                for h in row["handoffs"]
+            ]
         case TurnEnd() as end:
             err = end.error
             row.update(

@@ -96,6 +96,7 @@ class ApiError(Exception):
 _STATUS = {
     "invalid_value": 400,
     "agent_not_found": 404,
+    "agent_not_addressable": 403,
     "turn_not_found": 404,
     "session_not_found": 404,
     "approval_not_found": 404,
@@ -196,6 +197,18 @@ def visible_agent(conn: HTTPConnection, agent_id: str, field: str | None) -> Age
             field,
         )
     return found
+
+
+def not_addressable(found: AgentDetail) -> Refused | None:
+    """The refusal of a message to an agent that takes work only from its supervisor (a member
+    of a team, runtime/teams.py), or None."""
+    if found.addressable:
+        return None
+    return Refused(
+        code="agent_not_addressable",
+        message=f"agent {found.id!r} is a member of a team: it takes tasks only by handoff",
+        hint="send the message to its supervisor, or set addressable: true in its manifest",
+    )
 
 
 def agent(request: Request) -> AgentDetail:

@@ -83,6 +83,24 @@ class CallUsage(_Body, frozen=True):
     """What the call cost by the node's price table; None when it cannot be known."""
 
 
+class HandoffInfo(_Body, frozen=True):
+    """One handoff of a supervisor's turn: its member's turn, and once it is over, how it went
+    (docs/events.md, ``handoff.result``)."""
+
+    call_id: str
+    member: str
+    session_key: str
+    turn_id: str
+    outcome: str
+    """``running`` until ``handoff.result``, then its outcome."""
+    turn_ids: list[str] = msgspec.field(default_factory=list)
+    steps: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    repaired: bool = False
+    error_code: str | None = None
+
+
 class TurnResource(_Body, frozen=True):
     """The stored turn: ``status`` is ``running`` until the end, then the end reason."""
 
@@ -116,6 +134,8 @@ class TurnResource(_Body, frozen=True):
     """Present when the turn's reply was promised to a channel (``deliver``)."""
     calls: list[CallUsage] = msgspec.field(default_factory=list)
     """Each model call's usage, in order."""
+    handoffs: list[HandoffInfo] = msgspec.field(default_factory=list)
+    """A supervisor's handoffs, in the order its calls started (ours)."""
     archived: bool = False
     """The turn's events were archived with their partition of the log (``dispach log
     archive``): this resource still answers, its events and stream answer ``410
@@ -251,6 +271,10 @@ class AgentDetail(_Body, frozen=True):
     """v1's name for ``phase``."""
     phases: dict[str, int] = msgspec.field(default_factory=dict)
     """The phases the manifest declares, in order, each with how many tools it shows."""
+    members: list[str] = msgspec.field(default_factory=list)
+    """The agents it hands tasks to (its team); empty for an agent without members."""
+    addressable: bool = True
+    """Whether messages reach it over HTTP (a member of a team, by default, is not)."""
 
 
 class ForkOrigin(_Body, frozen=True):

@@ -32,6 +32,7 @@ from gateways.api.common import (
     decode_body,
     fetch,
     int_param,
+    not_addressable,
     principal,
     private_param,
     read_body,
@@ -45,6 +46,7 @@ from gateways.api.schemas import (
     CallUsage,
     DeliveryInfo,
     EventsPage,
+    HandoffInfo,
     MessageBody,
     StopAnswer,
     TurnPage,
@@ -77,6 +79,7 @@ def turn_resource(row: tuple[Any, ...]) -> TurnResource:
     fields = dict(zip(_TURN_COLUMNS, row, strict=True))
     fields["deliveries"] = msgspec.convert(fields["deliveries"], list[DeliveryInfo])
     fields["calls"] = msgspec.convert(fields["calls"], list[CallUsage])
+    fields["handoffs"] = msgspec.convert(fields["handoffs"], list[HandoffInfo])
     return TurnResource(**fields, cost_usd=None)
 
 
@@ -96,6 +99,7 @@ def turn_in_memory(feed: Feed | None, turn_id: str) -> TurnResource | None:
         if row is None or (row["status"] == "running" and feed.whole(turn_id) is None):
             return None
     row["calls"] = msgspec.convert(row["calls"], list[CallUsage])
+    row["handoffs"] = msgspec.convert(row["handoffs"], list[HandoffInfo])
     return TurnResource(**row, cost_usd=None)
 
 
@@ -132,7 +136,7 @@ async def post_message(request: Request) -> Response:
         idempotency_key=request.headers.get("idempotency-key"),
         sender=body.sender,
     )
-    problem = ingress.check(message)
+    problem = not_addressable(target) or ingress.check(message)
     if problem is not None:
         raise refused(problem)
     rt = runtime(request)
@@ -176,7 +180,7 @@ POST_MESSAGE = Operation(
         ),
     ],
     body=MessageBody,
-    errors=("400", "401", "404", "413", "503", "504"),
+    errors=("400", "401", "403", "404", "413", "503", "504"),
 )
 
 

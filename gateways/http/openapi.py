@@ -27,8 +27,9 @@ _REF = "#/components/schemas/{name}"
 _ERRORS = {
     "400": "The request is malformed (code, message, hint and often field say how)",
     "401": "A bearer token is required",
-    "403": "The Host or the Origin (a web page) is not one this server answers to, or a stream "
-    "token does not cover this",
+    "403": "The Host or the Origin (a web page) is not one this server answers to, a stream "
+    "token does not cover this, or (a message) the agent is a team's member that takes tasks "
+    "only by handoff (`agent_not_addressable`)",
     "404": "No such agent, turn, session or schedule (or not visible to this token)",
     "409": "The resource is in a state that refuses this (the code says which)",
     "413": "The body is over the size cap",

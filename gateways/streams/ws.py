@@ -36,6 +36,7 @@ from gateways.api import approvals
 from gateways.api.common import (
     ApiError,
     commands_of,
+    not_addressable,
     principal,
     refuse_archived,
     runtime,
@@ -246,7 +247,7 @@ class Socket:
                 ref=frame.ref,
             )
             return
-        if self._refuses_agent(agent_id, ref=frame.ref):
+        if self._refuses_agent(agent_id, ref=frame.ref, message=True):
             return
         message = ingress.IngressMessage(
             text=frame.text,
@@ -435,13 +436,18 @@ class Socket:
             found = isinstance(result, StopResult) and result.stopping
         self.send("ws.stopping", turnId=turn_id, found=found)
 
-    def _refuses_agent(self, agent_id: str, **extra: Any) -> bool:
+    def _refuses_agent(self, agent_id: str, *, message: bool = False, **extra: Any) -> bool:
         """Send ``agent_not_found`` (as the HTTP routes answer it) unless the caller may see
-        the agent; True when it was refused."""
+        the agent, and for a ``message``, ``agent_not_addressable`` for a team's member; True
+        when it was refused."""
         try:
-            visible_agent(self.ws, agent_id, "agentId")
+            found = visible_agent(self.ws, agent_id, "agentId")
         except ApiError as e:
             self.error(e.code, e.message, e.hint, **extra)
+            return True
+        problem = not_addressable(found) if message else None
+        if problem is not None:
+            self.error(problem.code, problem.message, problem.hint, **extra)
             return True
         return False
 

@@ -7,6 +7,6 @@ SELECT turn_id, agent_id, session_key, status, state, source, input, text, reaso
        error_code, error_message, error_hint, ended_at, duration_ms,
        coalesce((SELECT d.deliveries FROM turn_deliveries d WHERE d.turn_id = t.turn_id),
                 '[]'::json) AS deliveries,
-       calls
+       calls, handoffs
   FROM turns t
  WHERE turn_id = %(turn_id)s

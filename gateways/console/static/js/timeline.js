@@ -34,6 +34,8 @@ const SUMMARY = {
   "approval.resolved": (d) => [`${d.slug} ${d.granted ? "approved" : "denied"} by ${d.by}`],
   "turn.stopping": (d) => [`${d.reason}`, d.by ? ` by ${d.by}` : ""],
   "turn.end": (d) => [`${d.reason} after ${plural(d.steps, "step")} · ${num(d.durationMs)} ms · ${num(d.tokens && d.tokens.prompt)} in, ${num(d.tokens && d.tokens.output)} out, cache read ${num(d.tokens && d.tokens.cacheRead)}`],
+  "handoff.start": (d) => [`to ${d.member} · session ${d.sessionKey}`, d.budget && d.budget.maxSteps !== undefined ? ` · at most ${d.budget.maxSteps} steps` : ""],
+  "handoff.result": (d) => [`${d.member} · ${d.outcome}`, d.repaired ? " · after one repair" : "", ` · ${plural(d.steps, "step")} · ${num(d.tokens && d.tokens.prompt)} in, ${num(d.tokens && d.tokens.output)} out`, d.error ? ` · ${d.error.code}` : ""],
   "delivery.enqueued": (d) => [`to ${d.channelId}:${d.to} · part ${d.chunkIndex + 1}/${d.chunkTotal}`],
   "delivery.attempted": (d) => [`${d.channelId} · attempt ${d.attempt} · part ${d.chunkIndex + 1}/${d.chunkTotal}`],
   "delivery.sent": (d) => [`${d.channelId} · sent after ${d.attempts} attempts`, d.uncertain ? " · may show twice" : ""],
@@ -48,7 +50,7 @@ const SUMMARY = {
 const KIND = {
   "turn.end": "end", "turn.start": "start", "model.retry": "warn", "tool.gated": "warn",
   "approval.requested": "wait", "delivery.failed": "bad", "delivery.uncertain": "warn",
-  "compaction.stage": "compact",
+  "compaction.stage": "compact", "handoff.start": "handoff", "handoff.result": "handoff",
 };
 
 /** The events of one turn, live. `turn` is the turn resource (or the first fields of one). */
@@ -192,9 +194,34 @@ export class TurnView {
     }
     if (event.type === "tool.call" || event.type === "tool.result") li.append(this.details(event));
     else if (event.type === "model.result" && d.text) li.append(h("details", {}, h("summary", {}, "text"), h("div", { class: "text" }, d.text)));
+    else if (event.type === "handoff.start") li.append(this.child(d.member, d.turnId, "the member's turn"));
+    else if (event.type === "handoff.result" && d.turnIds) {
+      // The first member turn hangs under handoff.start; a repair round's turn, here.
+      for (const turnId of d.turnIds.slice(1)) li.append(this.child(d.member, turnId, "the repair round"));
+      if (d.error) li.append(h("div", { class: "turn-error" }, h("strong", {}, d.error.code), " ", d.error.message, d.error.hint ? h("div", { class: "hint" }, "Hint: ", d.error.hint) : null));
+    }
     else if (event.type === "approval.requested") li.append(h("div", {}, link(withQuery(route("approvals"), { agent: this.agent }), "Answer it in Approvals")));
     else if (!summarise) li.append(h("details", {}, h("summary", {}, "data"), pretty(d)));
     return li;
+  }
+
+  /** A member's turn of a handoff, folded: its own timeline, read (with its turn resource)
+   * when it is opened. */
+  child(agent, turnId, label) {
+    const view = new TurnView(agent, { turnId, input: `${label} (${agent})` });
+    const open = view.toggle.bind(view);
+    view.toggle = (force) => {
+      const shown = open(force);
+      if (!view.resourceRead) {
+        view.resourceRead = true;
+        api(agentPath(agent, "turns", enc(turnId))).then((resource) => {
+          Object.assign(view.turn, resource, { input: `${label} (${agent}): ${resource.input || ""}` });
+          view.renderHead();
+        }).catch(() => { view.resourceRead = false; });
+      }
+      return shown;
+    };
+    return h("div", { class: "handoff-child", dataset: { childTurnId: turnId } }, view.el);
   }
 
   /** Text as it is written: a step's chunks of one kind go into one block, span by span. */
