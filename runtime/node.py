@@ -26,6 +26,7 @@ from actors import tracing
 from actors.actor import ask
 from actors.agent import Agent
 from actors.channels import ChannelHost
+from actors.cluster.activity import Activity, NodeActivity, node_activity
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
 from actors.host import ActorHost
@@ -52,13 +53,14 @@ from eventstore.feed import Feed
 from eventstore.retention import RetentionTask
 from gateways.api.schemas import AgentDetail, ToolInfo
 from gateways.http.app import VERSION, create_app
+from gateways.http.keys import KeyRing
 from gateways.http.protocol import Limits, http_protocol
 from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
 from gateways.http.wsprotocol import EdgeWebSocket
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
 from gateways.toolsources import KINDS
-from runtime import manifest
+from runtime import credentials, manifest
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
@@ -100,6 +102,9 @@ class Node:
         """Commit hints and outbox kicks being published (see _on_commit)."""
         self._outbox: pykka.ActorRef[Any] | None = None
         self.scheduler: pykka.ActorRef[Any] | None = None
+        self.activity: Activity | None = None
+        self.keyring: KeyRing | None = None
+        """The gateway's keys (set by :func:`serve`): read at start, for the boot claim."""
         self._phase = "starting"
         self._started = time.monotonic()
         self.accept_timeout = settings.accept_timeout_seconds
@@ -199,6 +204,7 @@ class Node:
         await self._hints.start()
         applied = await store.aopen()
         self.store = store
+        await credentials.check_bind(self.settings, store)
         self._tasks.append(asyncio.create_task(store.probe(), name="postgres-probe"))
         for projection in ASYNC:
             runner = ProjectionRunner(store, projection)
@@ -267,6 +273,7 @@ class Node:
         await self._hints_nc.subscribe(subjects.outbox_all(), cb=self._on_kick)
         await self._ingress.start()
         self._tasks.append(asyncio.create_task(self.engine.passivate_idle(), name="passivate"))
+        await self._answer_for_access()
         self._phase = "ready"
         log.info(
             "node_ready",
@@ -282,6 +289,26 @@ class Node:
             partitions_owned=len(ownership.epochs),
             startup_ms=self.uptime_ms(),
         )
+
+    async def _answer_for_access(self) -> None:
+        """Answer ``GET /v1/activity``'s gathering; read the keys (and print the boot claim)."""
+        assert self.nc is not None
+        self.activity = Activity(self.nc, self._activity)
+        await self.activity.listen()
+        if self.keyring is not None:
+            await credentials.announce_claim(self.keyring, self.settings)
+
+    async def _close_access(self) -> None:
+        if self.activity is not None:
+            await self.activity.close()
+        if self.keyring is not None:
+            await self.keyring.aclose()
+
+    async def _activity(self) -> NodeActivity:
+        engine, store, ownership = self.engine, self.store, self.ownership
+        assert engine is not None and store is not None and ownership is not None
+        return await node_activity(self.node_id, set(engine.running), store,
+                                   ownership.holds("scheduler"))  # fmt: skip
 
     async def _load_agents(self) -> None:
         """Read the manifests, check the tool sources they declare and start them (waiting a
@@ -360,6 +387,7 @@ class Node:
         stop embedded services. Safe to call whatever ``start`` reached."""
         self._phase = "draining"
         timeout = self.settings.drain_seconds
+        await self._close_access()
         await self._leave(timeout)
         await self._stop_delivery(timeout)
         if self.engine is not None:
@@ -439,16 +467,18 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
         # Refuse a data directory another node holds before binding anything (its node id is
         # derived from it unless DISPACH_NODE_ID is set).
         node.services.datadir.lock()
+    app = create_app(
+        node,
+        tokens=settings.tokens,
+        loopback=settings.loopback,
+        allowed_hosts=settings.allowed_hosts,
+        allowed_origins=settings.allowed_origins,
+        secret=settings.secret.encode() if settings.secret else node.services.datadir.secret(),
+        max_body=settings.max_body,
+    )
+    node.keyring = app.state.keys
     config = uvicorn.Config(
-        create_app(
-            node,
-            tokens=settings.tokens,
-            loopback=settings.loopback,
-            allowed_hosts=settings.allowed_hosts,
-            allowed_origins=settings.allowed_origins,
-            secret=settings.secret.encode() if settings.secret else node.services.datadir.secret(),
-            max_body=settings.max_body,
-        ),
+        app,
         ws_max_size=2 * settings.max_body,
         host=settings.host,
         port=settings.port,

@@ -19,12 +19,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from eventstore.bridge import blocking
 from gateways import console
 from gateways.api import (
+    activity,
     agents,
     approvals,
     context,
     deliveries,
     fork,
     hooks,
+    keys,
     schedules,
     sessions,
     turns,
@@ -34,6 +36,7 @@ from gateways.api.schemas import Health, Ready
 from gateways.http import openapi
 from gateways.http.auth import Guard, TokenTable
 from gateways.http.errors import error_response, json_response
+from gateways.http.keys import KeyRing
 from gateways.http.metrics import metrics_endpoint
 from gateways.http.origins import Cors, Reach
 from gateways.http.readiness import Readiness
@@ -93,6 +96,8 @@ def create_app(
         return Response(openapi.document(), media_type="application/json")
 
     stream_tokens = StreamTokens(secret if secret is not None else secrets.token_bytes(32))
+    tokens = tuple(tokens)
+    key_ring = KeyRing(rt, may_open=loopback and not tokens)
     agent = "/v1/agents/{agent}"
     turn = agent + "/turns/{turn_id}"
     session = agent + "/sessions/{key}"
@@ -103,6 +108,9 @@ def create_app(
         Route("/v1/openapi.json", openapi_json, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/v1/cluster", agents.cluster, methods=["GET"]),
+        Route("/v1/activity", activity.get_activity, methods=["GET"]),
+        _methods("/v1/keys", GET=keys.list_keys, POST=keys.create_key),
+        Route("/v1/keys/{key_id}", keys.revoke_key, methods=["DELETE"]),
         Route("/v1/agents", agents.list_agents, methods=["GET"]),
         Route(agent, agents.get_agent, methods=["GET"]),
         Route(agent + "/tools", agents.agent_tools, methods=["GET"]),
@@ -209,7 +217,11 @@ def create_app(
             ),
             *([Middleware(Cors, allowed_origins=origins)] if origins else []),
             Middleware(
-                Guard, tokens=TokenTable(tokens), stream_tokens=stream_tokens, max_body=max_body
+                Guard,
+                tokens=TokenTable(tokens),
+                keys=key_ring,
+                stream_tokens=stream_tokens,
+                max_body=max_body,
             ),
             Middleware(Readiness, runtime=rt),
         ],
@@ -218,6 +230,7 @@ def create_app(
     app.state.runtime = rt
     app.state.max_body = max_body  # read_body's cap, on every transfer encoding
     app.state.stream_tokens = stream_tokens
+    app.state.keys = key_ring
     return app
 
 
