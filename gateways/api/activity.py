@@ -24,7 +24,7 @@ from gateways.http.errors import json_response
 GATHER_S = 1.0
 
 
-class OutboxActivity(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class OutboxActivity(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
     pending: int
     inflight: int
     next_attempt_at: str | None = None
@@ -34,7 +34,7 @@ class Deliveries(msgspec.Struct, frozen=True, kw_only=True):
     outbox: OutboxActivity
 
 
-class ActivityBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class ActivityBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
     """The original's shape (``idle``, ``turnsRunning``, ``deliveries``, ``nextWakeAt``), with
     the answering node's own figures and every node's."""
 
