@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import time
 from typing import Any
 
 import httpx
+import nats.aio.client
 import pytest
 from websockets.asyncio.client import connect
 
@@ -21,7 +24,7 @@ from eventstore import keys as table
 from gateways.http import scopes
 from gateways.http.keys import MAX_AGE_S, KeyRing, digest, mint, parse
 from tests.conftest import ApiFactory, ApiServer, Servers
-from tests.test_browser import ServeFactory, serve, write_agent
+from tests.test_browser import DISPACH, ServeFactory, serve, write_agent
 
 __all__ = ["serve"]  # a fixture, used by name
 
@@ -29,7 +32,7 @@ TOKEN = "keys-test-token-0123456789"
 Json = dict[str, Any]
 
 
-# --- pure: which scope each route needs; the secret's shape --------------------------------------
+# --- pure: which scope each route needs; the secret's shape ----------------------------------
 
 
 @pytest.mark.parametrize(
@@ -63,9 +66,9 @@ Json = dict[str, Any]
 )
 def test_each_route_needs_its_scope(method: str, path: str, needed: str) -> None:
     assert scopes.required(method, path) == needed
-    rank = scopes.SCOPES.index(needed)  # type: ignore[arg-type]
+    rank = scopes.SCOPES.index(needed)
     for i, held in enumerate(scopes.SCOPES):
-        assert scopes.allows(held, needed) is (i >= rank)  # type: ignore[arg-type]
+        assert scopes.allows(held, needed) is (i >= rank)
 
 
 def test_a_minted_secret_verifies_against_its_row_only() -> None:
@@ -75,12 +78,12 @@ def test_a_minted_secret_verifies_against_its_row_only() -> None:
     assert parsed is not None and parsed[0] == row.key_id
     assert digest(row.salt, parsed[1]) == row.digest
     assert secret.encode() not in row.digest + row.salt
-    other, row2 = mint("ci", "read", None)
+    _, row2 = mint("ci", "read", None)
     assert row2.salt != row.salt and digest(row2.salt, parsed[1]) != row2.digest
     assert parse(secret[:-1]) is None and parse("dsp_" + "x" * 60) is None
 
 
-# --- one node, with an environment token (admin) ---------------------------------------------------
+# --- one node, with an environment token (admin) -----------------------------------------------
 
 
 async def _mint(api: ApiServer, token: str = TOKEN, **body: Any) -> Json:
@@ -122,7 +125,8 @@ async def test_a_read_key_reads_turns_but_cannot_send(api_factory: ApiFactory) -
         await _wait_end(http, turn_id)
         # chat is below write: clearing a session is refused, naming the scope it needs
         cleared = await http.delete(f"/v1/agents/assistant/sessions/{sent.json()['sessionKey']}")
-        assert cleared.status_code == 403 and cleared.json()["error"]["code"] == "scope_insufficient"
+        assert cleared.status_code == 403
+        assert cleared.json()["error"]["code"] == "scope_insufficient"
         assert "'write'" in cleared.json()["error"]["message"]
     async with _as(api, reader["secret"]) as http:
         refused = await http.post("/v1/agents/assistant/messages", json={"text": "hello"})
@@ -137,7 +141,7 @@ async def test_a_read_key_reads_turns_but_cannot_send(api_factory: ApiFactory) -
         assert (await http.get("/v1/keys")).json()["error"]["code"] == "scope_insufficient"
         # the WebSocket: subscribing reads, a message frame acts
         protocols = ["dispach.bearer", reader["secret"]]
-        async with connect(api.ws_url, subprotocols=protocols) as ws:  # type: ignore[list-item]
+        async with connect(api.ws_url, subprotocols=protocols) as ws:
             assert json.loads(await ws.recv())["type"] == "ws.open"
             await ws.send(json.dumps({"type": "message", "agentId": "assistant", "text": "hi"}))
             frame = json.loads(await ws.recv())
@@ -207,7 +211,7 @@ class _NoBroadcast:
 
     def __init__(self, store: EventStore) -> None:
         self.store: EventStore | None = store
-        self.nc = None
+        self.nc: nats.aio.client.Client | None = None
 
 
 @pytest.mark.asyncio
@@ -229,7 +233,19 @@ async def test_a_lost_broadcast_still_expires_within_the_age_bound(
     await ring.aclose()
 
 
-# --- a fresh install: no token, no key; the boot claim ---------------------------------------------
+# --- a fresh install: no token, no key; the boot claim -----------------------------------------
+
+
+def _cli(url: str, token: str) -> Any:
+    env = {**os.environ, "DISPACH_URL": url, "DISPACH_API_TOKEN": token, "NO_PROXY": "127.0.0.1"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([DISPACH, *args], env=env, capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done
+
+    return run
 
 
 def _claim(log: str) -> str:
@@ -270,6 +286,15 @@ def test_the_boot_claim_mints_the_first_admin_key_once(
         assert anyone.get("/v1/agents", headers=mine).status_code == 200
         sent = anyone.post("/v1/agents/assistant/messages", json={"text": "hi"}, headers=mine)
         assert sent.status_code == 202, sent.text
+        cli = _cli(node.url, key["secret"])
+        made = cli("keys", "create", "--label", "from-cli", "--scope", "read", "--json")
+        minted = json.loads(made.stdout)
+        assert minted["scope"] == "read" and minted["secret"].startswith("dsp_")
+        listed = cli("keys", "list").stdout
+        assert "from-cli" in listed and minted["secret"] not in listed
+        assert "revoked" in cli("keys", "revoke", minted["keyId"]).stdout
+        read_only = {"Authorization": f"Bearer {minted['secret']}"}
+        assert anyone.get("/v1/agents", headers=read_only).status_code == 401
         anyone.delete(f"/v1/keys/{key['keyId']}", headers=mine)
         assert anyone.get("/v1/agents").status_code == 401  # revoking the last key: still closed
     node.stop()

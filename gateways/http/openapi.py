@@ -14,10 +14,12 @@ from cronsim.cronsim import SYMBOLIC_DAYS, SYMBOLIC_MONTHS
 from actors.messages import ClusterStatus, SessionContext, TurnContext
 from actors.schedule.plan import ScheduleSpec
 from eventstore import REGISTRY, WireEvent
+from gateways.api.activity import ActivityBody
 from gateways.api.approvals import ApprovalList, Decision, DecisionAnswer
 from gateways.api.context import MAX_INPUT
 from gateways.api.fork import MAX_INDEX
 from gateways.api.hooks import Taken
+from gateways.api.keys import KeyBody, KeyCreated, KeyInfo, KeyList
 from gateways.api.schedules import Deleted, ScheduleList, ScheduleResource
 from gateways.api.schemas import (
     DELIVERY_STATUSES,
@@ -48,6 +50,11 @@ from gateways.streams.sse import IssuedToken, TokenRequest
 from gateways.streams.tokens import MAX_TTL_S
 
 _TYPES: tuple[Any, ...] = (
+    ActivityBody,
+    KeyBody,
+    KeyCreated,
+    KeyInfo,
+    KeyList,
     ClusterStatus,
     SessionContext,
     TurnContext,
@@ -332,6 +339,36 @@ def _paths() -> dict[str, Any]:
                 "The cluster: nodes, the partitions each owns, lease epochs and ages",
                 {"200": _json(_ref(ClusterStatus), "The lease bucket as this node reads it")},
                 errors=("401", "503"),
+            )
+        },
+        "/v1/activity": {
+            "get": _op(
+                "Whether the cluster is idle: turns running, the outbox's pending and in-flight "
+                "items, the next schedule wake-up; and each node's own (admin, no agent list)",
+                {"200": _json(_ref(ActivityBody), "Activity")},
+                errors=("401", "403", "503"),
+            )
+        },
+        "/v1/keys": {
+            "get": _op(
+                "API keys (never their secrets); admin, no agent list",
+                {"200": _json(_ref(KeyList), "Keys")},
+                errors=("401", "403", "503"),
+            ),
+            "post": _op(
+                "Mint a key: label, scope (read < chat < write < admin), agents; the secret is "
+                "in this answer only. The boot claim mints the first (admin) key",
+                {"201": _json(_ref(KeyCreated), "Minted")},
+                body=KeyBody,
+                errors=("400", "401", "403", "413", "415", "503"),
+            ),
+        },
+        "/v1/keys/{key_id}": {
+            "delete": _op(
+                "Revoke a key (soft: the record stays); every node refuses it within a second",
+                {"200": _json(_ref(KeyInfo), "The revoked key")},
+                params=[_param("key_id", "path", "Key id (`keyId`)")],
+                errors=("401", "403", "404", "503"),
             )
         },
         "/v1/agents": {
