@@ -26,11 +26,11 @@ from actors import tracing
 from actors.actor import ask
 from actors.agent import Agent
 from actors.channels import ChannelHost
-from actors.cluster.activity import Activity, NodeActivity, node_activity
+from actors.cluster.activity import Activity, node_activity
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
 from actors.host import ActorHost
-from actors.messages import ClusterStatus
+from actors.messages import ClusterStatus, NodeActivity
 from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
 from actors.schedule.actor import CLOCK_ON, SchedulerActor

@@ -18,6 +18,7 @@ import nats.aio.subscription
 import nats.errors
 import structlog
 
+from actors.messages import NodeActivity
 from eventstore import EventStore, StoreError, subjects
 
 log = structlog.get_logger("dispach.activity")
@@ -25,21 +26,6 @@ log = structlog.get_logger("dispach.activity")
 _NODE_SQL = resources.files("actors.cluster").joinpath("sql", "activity_node.sql").read_bytes()
 TURN_TASK = "turn "
 """The prefix of a running turn's task name (actors/turn/actor.py names it ``turn <id>``)."""
-
-
-class NodeActivity(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """One node's answer."""
-
-    node: str
-    idle: bool
-    """No turn runs here and no delivery is being sent from here."""
-    turns_running: int
-    turns: list[str]
-    """The ids of the turns running on this node."""
-    outbox_inflight: int
-    """Outbox items this node is sending now."""
-    scheduler: bool
-    """This node holds the schedule clock (one node of the cluster does)."""
 
 
 _ENCODE = msgspec.json.Encoder()

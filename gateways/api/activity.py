@@ -16,7 +16,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.cluster.activity import NodeActivity
+from actors.messages import NodeActivity
 from actors.schedule.plan import ScheduleSpec, next_due
 from gateways.api.common import fetch, not_ready, runtime, unrestricted
 from gateways.http.errors import json_response
