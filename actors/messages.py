@@ -381,6 +381,21 @@ class ClusterStatus(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     leases: list[ClusterLease]
 
 
+class NodeActivity(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One node's answer to ``GET /v1/activity``'s gathering (actors/cluster/activity.py)."""
+
+    node: str
+    idle: bool
+    """No turn runs here and no delivery is being sent from here."""
+    turns_running: int
+    turns: list[str]
+    """The ids of the turns running on this node."""
+    outbox_inflight: int
+    """Outbox items this node is sending now."""
+    scheduler: bool
+    """This node holds the schedule clock (one node of the cluster does)."""
+
+
 class CommandPath(Protocol):
     """The one way a command reaches a session: to the node owning its partition, in process
     or over NATS (actors/cluster/commands.py). Every door uses it."""

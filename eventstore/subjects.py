@@ -100,3 +100,15 @@ def outbox_all() -> str:
 
 def ingress_all() -> str:
     return f"{PREFIX}.ingress.*"
+
+
+def keys_changed() -> str:
+    """An API key was minted or revoked: every node drops its cached copy of it now (the cache's
+    age bound is the fallback when this is lost; gateways/http/keys.py)."""
+    return f"{PREFIX}.keys.changed"
+
+
+def activity() -> str:
+    """Request to every node: answer what it is doing (``GET /v1/activity``, gathered by the
+    asking node; actors/cluster/activity.py)."""
+    return f"{PREFIX}.activity"

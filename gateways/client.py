@@ -226,6 +226,18 @@ class Client:
         """The cluster as the node reads its lease bucket: nodes, partitions, epochs, ages."""
         return _JSON.decode(self._request("GET", "/v1/cluster").content)
 
+    def keys(self) -> dict[str, Any]:
+        """``{keys: [...]}``: every key's id, label, scope, agents, created, last used, revoked."""
+        return _JSON.decode(self._request("GET", "/v1/keys").content)
+
+    def create_key(self, body: dict[str, Any], claim: str | None = None) -> dict[str, Any]:
+        """Mint a key (the answer holds its ``secret``, once); ``claim``: the boot claim."""
+        headers = {"Authorization": f"Bearer {claim}"} if claim else None
+        return _JSON.decode(self._request("POST", "/v1/keys", json=body, headers=headers).content)
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return _JSON.decode(self._request("DELETE", f"/v1/keys/{_seg(key_id)}").content)
+
     def agents(self) -> list[dict[str, Any]]:
         """The agents this client may reach: ``id``, ``name``, ``status``, ``model``, …"""
         return _JSON_LIST.decode(self._request("GET", "/v1/agents").content)

@@ -33,6 +33,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     port: int = DEFAULT_PORT
     tokens: tuple[str, ...] = ()
     """Bearer tokens accepted by the API (DISPACH_API_TOKEN, comma-separated for several)."""
+    keys_only: bool = False
+    """DISPACH_AUTH=keys: a non-loopback bind may run without a token, on API keys alone; the
+    node then refuses to start unless the database holds a live unrestricted admin key."""
     allowed_hosts: tuple[str, ...] = ()
     """Host names a loopback bind also answers to (DISPACH_ALLOWED_HOSTS; DNS-rebinding guard)."""
     allowed_origins: tuple[str, ...] = ()
@@ -131,6 +134,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "tokens": tuple(
             t.strip() for t in env.get("DISPACH_API_TOKEN", "").split(",") if t.strip()
         ),
+        "keys_only": _auth(env),
         "allowed_hosts": tuple(
             h.strip() for h in env.get("DISPACH_ALLOWED_HOSTS", "").split(",") if h.strip()
         ),
@@ -205,10 +209,11 @@ def validate(settings: Settings) -> None:
         )
     _validate_http_limits(settings)
     _validate_cluster(settings)
-    if not settings.loopback and not settings.tokens:
+    if not settings.loopback and not settings.tokens and not settings.keys_only:
         raise ConfigError(
             f"refusing to listen on {settings.host} without an API token",
-            "set DISPACH_API_TOKEN (or bind 127.0.0.1); only loopback may run without a token",
+            "set DISPACH_API_TOKEN (or bind 127.0.0.1); only loopback may run without a token, "
+            "or, once an admin key exists, set DISPACH_AUTH=keys to run on keys alone",
             "DISPACH_API_TOKEN",
         )
     for origin in settings.allowed_origins:
@@ -257,6 +262,18 @@ def _validate_http_limits(settings: Settings) -> None:
             "use a number of connections, or 0 for no cap",
             "DISPACH_MAX_CONNECTIONS_PER_CLIENT",
         )
+
+
+def _auth(env: Mapping[str, str]) -> bool:
+    """``DISPACH_AUTH``: ``tokens`` (the default) or ``keys``."""
+    raw = env.get("DISPACH_AUTH", "tokens").strip().lower() or "tokens"
+    if raw not in ("tokens", "keys"):
+        raise ConfigError(
+            f"DISPACH_AUTH={raw!r} is neither tokens nor keys",
+            "use DISPACH_AUTH=keys to run a public bind on API keys alone, or unset it",
+            "DISPACH_AUTH",
+        )
+    return raw == "keys"
 
 
 def is_loopback(host: str) -> bool:

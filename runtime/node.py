@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import os
-import signal
-import socket
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
@@ -20,18 +17,18 @@ import nats.aio.client
 import nats.errors
 import pykka
 import structlog
-import uvicorn
 
 from actors import prices, tracing
 from actors.actor import ask
 from actors.agent import Agent
 from actors.budget import Budget, Budgets
 from actors.channels import ChannelHost
+from actors.cluster.activity import Activity, node_activity
 from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
 from actors.handoff import Handoffs
 from actors.host import ActorHost
-from actors.messages import ClusterStatus
+from actors.messages import ClusterStatus, NodeActivity
 from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
 from actors.schedule.actor import CLOCK_ON, SchedulerActor
@@ -49,18 +46,16 @@ from eventstore import (
 from eventstore.archive import Retention
 from eventstore.bridge import Portal, blocking
 from eventstore.catalogue import DeliveryEnqueued
-from eventstore.errors import DispachError
 from eventstore.feed import Feed
 from eventstore.retention import RetentionTask
 from gateways.api.schemas import AgentDetail, SkillList, ToolInfo
-from gateways.http.app import VERSION, create_app
-from gateways.http.protocol import Limits, http_protocol
+from gateways.http.app import VERSION
+from gateways.http.keys import KeyRing
 from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
-from gateways.http.wsprotocol import EdgeWebSocket
 from gateways.ingress import Ingress
 from gateways.model.scripted import ScriptedModel
 from gateways.toolsources import KINDS
-from runtime import manifest, skills, teams
+from runtime import credentials, manifest, skills, teams
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
 from runtime.logs import redact_url
@@ -105,6 +100,9 @@ class Node:
         """Commit hints and outbox kicks being published (see _on_commit)."""
         self._outbox: pykka.ActorRef[Any] | None = None
         self.scheduler: pykka.ActorRef[Any] | None = None
+        self.activity: Activity | None = None
+        self.keyring: KeyRing | None = None
+        """The gateway's keys (set by :func:`serve`): read at start, for the boot claim."""
         self._phase = "starting"
         self._started = time.monotonic()
         self.accept_timeout = settings.accept_timeout_seconds
@@ -170,6 +168,21 @@ class Node:
         store.on_fenced = lambda partition: portal.call_soon(ownership.fenced, partition)
         feed.owner_of = ownership.epoch_of  # a running turn's resource from memory, while whole
 
+    async def _connect(self, nats_url: str, *, hints: bool = False) -> nats.aio.client.Client:
+        """The node's NATS connection, or (``hints``) its second one, ``no_echo``, for commit
+        hints: other nodes' arrive, this node's own commits wake its readers directly."""
+        if hints:
+            return await nats.connect(
+                servers=nats_servers(nats_url), name=f"dispach-{self.node_id}-hints",
+                no_echo=True, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                error_cb=_nats_error,
+            )  # fmt: skip
+        return await nats.connect(
+            servers=nats_servers(nats_url), name=f"dispach-{self.node_id}",
+            max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_nats_error,
+            disconnected_cb=self._nats_disconnected, reconnected_cb=_nats_reconnected,
+        )  # fmt: skip
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._portal = Portal(loop)
@@ -179,15 +192,7 @@ class Node:
             await blocking(self.services.start)
         database_url, nats_url = self.services.database_url, self.services.nats_url
         assert database_url is not None and nats_url is not None
-        self.nc = await nats.connect(
-            servers=nats_servers(nats_url),
-            name=f"dispach-{self.node_id}",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            error_cb=_nats_error,
-            disconnected_cb=self._nats_disconnected,
-            reconnected_cb=_nats_reconnected,
-        )
+        self.nc = await self._connect(nats_url)
         store = EventStore(
             database_url,
             schema=self.settings.schema,
@@ -198,26 +203,13 @@ class Node:
         )
         # Commit hints travel on a connection of their own with no_echo: other nodes' hints
         # arrive, this node's own commits wake its readers directly (see _on_commit).
-        self._hints_nc = await nats.connect(
-            servers=nats_servers(nats_url),
-            name=f"dispach-{self.node_id}-hints",
-            no_echo=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            error_cb=_nats_error,
-        )
+        self._hints_nc = await self._connect(nats_url, hints=True)
         self._hints = NatsHints(self._hints_nc, store.hints)
         await self._hints.start()
         applied = await store.aopen()
         self.store = store
-        self._tasks.append(asyncio.create_task(store.probe(), name="postgres-probe"))
-        for projection in ASYNC:
-            runner = ProjectionRunner(store, projection)
-            self._tasks.append(asyncio.create_task(runner.run(), name=f"projection-{runner.name}"))
-        feed = Feed(store)
-        self._tasks.append(asyncio.create_task(feed.run(), name="feed"))
-        await feed.ready()
-        self.feed = feed
+        await credentials.check_bind(self.settings, store)
+        feed = await self._start_readers(store)
         await self._load_agents()
         self.engine = SessionDirectory(
             store, self.agents, self._portal, self.actors, self.node_id,
@@ -280,6 +272,7 @@ class Node:
         await self._hints_nc.subscribe(subjects.outbox_all(), cb=self._on_kick)
         await self._ingress.start()
         self._tasks.append(asyncio.create_task(self.engine.passivate_idle(), name="passivate"))
+        await self._answer_for_access()
         self._phase = "ready"
         log.info(
             "node_ready",
@@ -295,6 +288,39 @@ class Node:
             partitions_owned=len(ownership.epochs),
             startup_ms=self.uptime_ms(),
         )
+
+    async def _start_readers(self, store: EventStore) -> Feed:
+        """The store's probe, the asynchronous projections' runners and the feed, as tasks of
+        the node; the feed once it is ready."""
+        self._tasks.append(asyncio.create_task(store.probe(), name="postgres-probe"))
+        for projection in ASYNC:
+            runner = ProjectionRunner(store, projection)
+            self._tasks.append(asyncio.create_task(runner.run(), name=f"projection-{runner.name}"))
+        feed = Feed(store)
+        self._tasks.append(asyncio.create_task(feed.run(), name="feed"))
+        await feed.ready()
+        self.feed = feed
+        return feed
+
+    async def _answer_for_access(self) -> None:
+        """Answer ``GET /v1/activity``'s gathering; read the keys (and print the boot claim)."""
+        assert self.nc is not None
+        self.activity = Activity(self.nc, self._activity)
+        await self.activity.listen()
+        if self.keyring is not None:
+            await credentials.announce_claim(self.keyring, self.settings)
+
+    async def _close_access(self) -> None:
+        if self.activity is not None:
+            await self.activity.close()
+        if self.keyring is not None:
+            await self.keyring.aclose()
+
+    async def _activity(self) -> NodeActivity:
+        engine, store, ownership = self.engine, self.store, self.ownership
+        assert engine is not None and store is not None and ownership is not None
+        return await node_activity(self.node_id, set(engine.running), store,
+                                   ownership.holds("scheduler"))  # fmt: skip
 
     async def _load_agents(self) -> None:
         """Read the manifests, check the tool sources they declare and start them (waiting a
@@ -386,6 +412,7 @@ class Node:
         stop embedded services. Safe to call whatever ``start`` reached."""
         self._phase = "draining"
         timeout = self.settings.drain_seconds
+        await self._close_access()
         await self._leave(timeout)
         await self._stop_delivery(timeout)
         if self.engine is not None:
@@ -445,105 +472,6 @@ class Node:
         for actor in (self.scheduler, self._outbox):  # both answer DRAIN with a future
             if actor is not None:
                 await _settle(actor, DRAIN, timeout)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the node owns SIGTERM/SIGINT (uvicorn would
-    re-raise the signal after shutdown, which turns a clean drain into exit status 143)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Any:
-        yield
-
-
-async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
-    """Run a node until SIGTERM or SIGINT; returns the process exit status. ``sock``: a socket
-    already listening, shared with the other workers of ``serve --workers`` (runtime/workers.py),
-    served instead of binding ``settings.host:port``."""
-    node = Node(settings)
-    if node.services.needed or settings.node_id_from_home:
-        # Refuse a data directory another node holds before binding anything (its node id is
-        # derived from it unless DISPACH_NODE_ID is set).
-        node.services.datadir.lock()
-    config = uvicorn.Config(
-        create_app(
-            node,
-            tokens=settings.tokens,
-            loopback=settings.loopback,
-            allowed_hosts=settings.allowed_hosts,
-            allowed_origins=settings.allowed_origins,
-            secret=settings.secret.encode() if settings.secret else node.services.datadir.secret(),
-            max_body=settings.max_body,
-        ),
-        ws_max_size=2 * settings.max_body,
-        host=settings.host,
-        port=settings.port,
-        loop="none",
-        # uvicorn's httptools and WebSocket protocols with read timeouts, a cap per client
-        # address, and the error envelope for malformed requests (gateways/http/protocol.py).
-        http=http_protocol(
-            Limits(
-                head_timeout=settings.head_timeout_seconds,
-                body_timeout=settings.body_timeout_seconds,
-                per_client=settings.max_connections_per_client,
-            )
-        ),
-        ws=EdgeWebSocket,
-        lifespan="off",
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=max(1, int(settings.drain_seconds)),
-    )
-    server = _Server(config)
-    loop = asyncio.get_running_loop()
-    status = 0
-    starting = asyncio.create_task(node.start(), name="node-start")
-
-    def on_signal(sig: signal.Signals) -> None:
-        log.info("signal", signal=sig.name, action="drain")
-        if server.should_exit:
-            server.force_exit = True
-        server.should_exit = True
-        starting.cancel()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal, sig)
-
-    def on_started(task: asyncio.Task[None]) -> None:
-        nonlocal status
-        if task.cancelled():
-            return
-        error = task.exception()
-        if error is None:
-            # Everything loaded at start (the SDKs' models, the agents) lives as long as the
-            # process: out of the collector's sight, a full collection no longer walks it (it
-            # cost the loop ~150 ms per pass, measured by bench/context.py).
-            gc.collect()
-            gc.freeze()
-        if error is not None:
-            status = 1
-            if isinstance(error, DispachError):
-                log.error(
-                    "node_start_failed", code=error.code, error=error.message, hint=error.hint
-                )
-            else:
-                log.error("node_start_failed", exc_info=error)
-            server.should_exit = True
-
-    starting.add_done_callback(on_started)
-    try:
-        await server.serve(sockets=None if sock is None else [sock])
-        if not server.started and status == 0:
-            status = 1  # could not bind (uvicorn logged why)
-    finally:
-        if not starting.done():
-            starting.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await starting
-        await node.stop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-    return status
 
 
 def agent_detail(agent: Agent) -> AgentDetail:

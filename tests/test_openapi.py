@@ -436,7 +436,7 @@ async def test_every_operation_refuses_a_missing_or_wrong_token(api_factory: Api
     api = await api_factory.start(tokens=["fuzz-secret"])
     labels = (await in_child(Job(kind="validate", url=api.url)))["operations"]
     values = {"agent": "assistant", "turn_id": "t-nope", "key": "k", "schedule": "s",
-              "channel": "telegram", "approval": "ap_nope"}  # fmt: skip
+              "channel": "telegram", "approval": "ap_nope", "key_id": "k"}  # fmt: skip
     requests: list[Request] = []
     for label in labels:
         path = label.split(" ", 1)[1]

@@ -138,6 +138,11 @@ class Ownership:
         gives it up. Register before :meth:`start`."""
         self._singletons[f"s.{name}"] = Singleton(f"s.{name}", start, stop)
 
+    def holds(self, name: str) -> bool:
+        """This node runs the singleton ``name`` now."""
+        found = self._singletons.get(f"s.{name}")
+        return found is not None and found.running
+
     async def start(self, sessions: Sessions, fences: Fences) -> None:
         self._sessions, self._fences = sessions, fences
         deadline = time.monotonic() + max(30.0, 3 * self.ttl)

@@ -36,6 +36,8 @@ class Runtime(Protocol):
     feed: Feed | None
     scheduler: Any
     """The scheduler actor's ref (None until the node is ready)."""
+    activity: Any
+    """The node's activity replies (actors/cluster/activity.py; None until the node is ready)."""
     engine: Any
     """The node's engine (None until the node is ready): the context routes read through it
     (see gateways/api/context.py)."""
@@ -145,6 +147,17 @@ def runtime(request: HTTPConnection) -> Runtime:
 def principal(request: HTTPConnection) -> Principal:
     p: Principal = getattr(request.state, "principal", EVERYONE)
     return p
+
+
+def unrestricted(request: HTTPConnection, code: str, what: str) -> Principal:
+    """The caller, if its credential names no agent list (else ``403 code``): what spans every
+    agent (keys, the cluster's activity) is not for a caller confined to some of them."""
+    who = principal(request)
+    if who.agents is not None and not who.claim:
+        raise ApiError(403, code, f"{what} needs a key or token with no agent list",
+                       "call with an admin key minted without `agents` (or an unscoped "
+                       "DISPACH_API_TOKEN)")  # fmt: skip
+    return who
 
 
 async def refuse_archived(

@@ -18,6 +18,7 @@ from gateways.api.common import ApiError, Runtime
 from gateways.api.health import VERSION
 from gateways.http.auth import Guard, TokenTable
 from gateways.http.errors import error_response
+from gateways.http.keys import KeyRing
 from gateways.http.origins import Cors, Reach
 from gateways.http.readiness import Readiness
 from gateways.http.routes import table
@@ -44,6 +45,8 @@ def create_app(
     ``allowed_origins`` are the web pages, besides the node's own, that may call it."""
     origins = list(allowed_origins)
     stream_tokens = StreamTokens(secret if secret is not None else secrets.token_bytes(32))
+    tokens = tuple(tokens)
+    key_ring = KeyRing(rt, may_open=loopback and not tokens)
     routes = table(max_body)
 
     async def api_error(request: Request, exc: Exception) -> Response:
@@ -110,7 +113,11 @@ def create_app(
             ),
             *([Middleware(Cors, allowed_origins=origins)] if origins else []),
             Middleware(
-                Guard, tokens=TokenTable(tokens), stream_tokens=stream_tokens, max_body=max_body
+                Guard,
+                tokens=TokenTable(tokens),
+                keys=key_ring,
+                stream_tokens=stream_tokens,
+                max_body=max_body,
             ),
             Middleware(Readiness, runtime=rt),
         ],
@@ -119,4 +126,5 @@ def create_app(
     app.state.runtime = rt
     app.state.max_body = max_body  # read_body's cap, on every transfer encoding
     app.state.stream_tokens = stream_tokens
+    app.state.keys = key_ring
     return app

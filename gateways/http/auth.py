@@ -1,12 +1,18 @@
 """Who may call the API and what a request must carry: bearer tokens (each optionally scoped to
-agents), stream tokens for browsers' streams, JSON bodies within the cap. (Where a request may
-come from, its Host and Origin, is gateways/http/origins.py.)
+agents), API keys (gateways/http/keys.py), the boot claim, stream tokens for browsers' streams,
+JSON bodies within the cap. (Where a request may come from, its Host and Origin, is
+gateways/http/origins.py.)
 
 Tokens come from ``DISPACH_API_TOKEN``: comma-separated, each ``secret`` or
 ``secret@agent1+agent2`` (scoped). Presented tokens are compared in constant time against every
 configured one (SHA-256 digests with ``hmac.compare_digest``, no early exit), so neither the
-length nor the position of a match leaks. An agent outside a token's scope answers 404, exactly as
-an agent that does not exist would.
+length nor the position of a match leaks. A token is ``admin``; a key holds the scope it was
+minted with, and a route its scope does not reach answers ``403 scope_insufficient`` naming the
+scope it needs (gateways/http/scopes.py). An agent outside a token's or key's agent list answers
+404, exactly as an agent that does not exist would.
+
+A token-less loopback node is open (every caller is an unrestricted admin) until the first key
+is minted; from then on it asks for a credential, even if every key is revoked later.
 """
 
 from __future__ import annotations
@@ -16,13 +22,17 @@ import hmac
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from eventstore import StoreError
 from gateways import console
+from gateways.http import scopes
 from gateways.http.asgi import header
 from gateways.http.errors import deny
+from gateways.http.keys import CLAIM_PREFIX, PREFIX, KeyRing
 from gateways.streams.tokens import StreamGrant, StreamTokens
 
 OPEN_PATHS = frozenset({"/v1/health", "/v1/ready", "/v1/openapi.json"})
@@ -35,17 +45,26 @@ _NO_QUERY = QueryParams()
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller: which agents it may see (None: all of them), and, for a stream token, the
-    one stream it may read (see gateways/streams/tokens.py)."""
+    """The caller: which agents it may see (None: all of them), what it may do (its scope), and,
+    for a stream token, the one stream it may read (see gateways/streams/tokens.py); for an API
+    key, its id; for the boot claim, ``claim`` (it may only mint the first key)."""
 
     agents: frozenset[str] | None = None
     stream: StreamGrant | None = None
+    scope: scopes.Scope = "admin"
+    key_id: str | None = None
+    claim: bool = False
+    anonymous: bool = False
+    """No credential, on a node open to anyone (loopback, no token, no key yet)."""
 
     def sees(self, agent_id: str) -> bool:
         return self.agents is None or agent_id in self.agents
 
 
 EVERYONE = Principal()
+ANYONE = Principal(anonymous=True)
+CLAIMANT = Principal(agents=frozenset(), scope="read", claim=True)
+KEYS_PATH = "/v1/keys"
 
 
 def parse_token(raw: str) -> tuple[str, frozenset[str] | None]:
@@ -69,9 +88,7 @@ class TokenTable:
         return not self._entries
 
     def principal(self, presented: str | None) -> Principal | None:
-        if self.open:
-            return EVERYONE
-        if not presented:
+        if not presented or self.open:
             return None
         digest = hashlib.sha256(presented.encode()).digest()
         found: Principal | None = None
@@ -91,11 +108,13 @@ class Guard:
         app: ASGIApp,
         tokens: TokenTable,
         *,
+        keys: KeyRing,
         stream_tokens: StreamTokens | None = None,
         max_body: int = 1_000_000,
     ) -> None:
         self.app = app
         self.tokens = tokens
+        self.keys = keys
         self.stream_tokens = stream_tokens
         self.max_body = max_body
 
@@ -127,22 +146,48 @@ class Guard:
             await self.app(scope, receive, send)
             return
         presented = _presented(scope, query)
-        principal = self.tokens.principal(presented)
-        if principal is None and not _open(path):
-            await deny(
-                scope,
-                send,
-                401,
-                "unauthorized",
-                "a valid bearer token is required",
-                "send `Authorization: Bearer <token>` (for a WebSocket: the header, or "
-                f'the subprotocols ["{SUBPROTOCOL}", <token>]; for a stream in a browser: a '
-                "stream token as ?st=)",
-                [challenge(refused=presented is not None)],
-            )
+        try:
+            found = await self._principal(presented)
+        except StoreError as e:
+            await deny(scope, send, 503, e.code, e.message, e.hint)
             return
+        principal = found if isinstance(found, Principal) else None
+        if principal is None and not _open(path):
+            assert isinstance(found, tuple)
+            unauthorized = found[0] == 401
+            refused = presented is not None
+            await deny(scope, send, *found, [challenge(refused=refused)] if unauthorized else [])
+            return
+        if principal is not None and not _open(path):
+            refusal = _scope_refusal(principal, scope.get("method", "GET"), path)
+            if refusal is not None:
+                await deny(scope, send, *refusal)
+                return
         state["principal"] = principal or EVERYONE
         await self.app(scope, receive, send)
+
+    async def _principal(self, presented: str | None) -> Principal | tuple[int, str, str, str]:
+        """Who presented this: a token, a key, the claim, or (on an open node) anyone; else
+        the refusal."""
+        if presented is not None and presented.startswith(CLAIM_PREFIX):
+            if not self.keys.claim_matches(presented):
+                return UNAUTHORIZED
+            if self.keys.claim_spent:
+                return CLAIM_SPENT
+            return CLAIMANT
+        if presented is not None and presented.startswith(PREFIX):
+            row = await self.keys.verify(presented)
+            if row is not None:
+                agents = None if row.agents is None else frozenset(row.agents)
+                return Principal(
+                    agents=agents, scope=cast(scopes.Scope, row.scope), key_id=row.key_id
+                )
+        found = self.tokens.principal(presented)
+        if found is not None:
+            return found
+        if self.tokens.open and await self.keys.is_open():
+            return ANYONE
+        return UNAUTHORIZED
 
     def _stream_refusal(
         self, scope: Scope, token: str, state: dict[str, object]
@@ -161,7 +206,7 @@ class Guard:
         grant = self.stream_tokens.verify(token)
         if not isinstance(grant, StreamGrant):
             return (401, grant.code, grant.message, grant.hint)
-        state["principal"] = Principal(frozenset({grant.agent}), stream=grant)
+        state["principal"] = Principal(frozenset({grant.agent}), stream=grant, scope="read")
         return None
 
 
@@ -176,6 +221,38 @@ def challenge(*, refused: bool) -> tuple[bytes, bytes]:
     server a client could discover."""
     value = f'Bearer realm="{REALM}"' + (', error="invalid_token"' if refused else "")
     return (b"www-authenticate", value.encode())
+
+
+UNAUTHORIZED = (
+    401,
+    "unauthorized",
+    "a valid bearer token or API key is required",
+    "send `Authorization: Bearer <token or key>` (for a WebSocket: the header, or "
+    f'the subprotocols ["{SUBPROTOCOL}", <token>]; for a stream in a browser: a '
+    "stream token as ?st=)",
+)
+CLAIM_SPENT = (
+    401,
+    "claim_spent",
+    "the boot claim was used, or a key exists already",
+    "sign in with a key (or DISPACH_API_TOKEN); a node prints a claim only while no key exists",
+)
+
+
+def _scope_refusal(who: Principal, method: str, path: str) -> tuple[int, str, str, str] | None:
+    if who.claim:
+        if method == "POST" and path == KEYS_PATH:
+            return None
+        return (403, "claim_only_mints_keys",
+                "the boot claim is good for one thing: POST /v1/keys, to mint the first key",
+                "mint an admin key with it, then call the API with that key")  # fmt: skip
+    needed = scopes.required(method, path)
+    if scopes.allows(who.scope, needed):
+        return None
+    return (403, "scope_insufficient",
+            f"{method} {path} needs the scope {needed!r}; this key's scope is {who.scope!r}",
+            f"mint a key with scope {needed!r} (or higher: read < chat < write < admin) "
+            "and call with it")  # fmt: skip
 
 
 STREAM_READ_ONLY_HINT = "a stream token only reads streams; send the API token for anything else"

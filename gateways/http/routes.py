@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from eventstore.bridge import blocking
 from gateways import console
 from gateways.api import (
+    activity,
     agents,
     approvals,
     context,
@@ -32,6 +33,7 @@ from gateways.api import (
     fork,
     health,
     hooks,
+    keys,
     schedules,
     sessions,
     tokens,
@@ -63,6 +65,10 @@ OPERATIONS: tuple[Operation, ...] = (
     health.READY,
     OPENAPI,
     agents.CLUSTER,
+    activity.ACTIVITY,
+    keys.LIST_KEYS,
+    keys.CREATE_KEY,
+    keys.REVOKE_KEY,
     agents.LIST_AGENTS,
     agents.GET_AGENT,
     agents.AGENT_TOOLS,

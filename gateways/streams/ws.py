@@ -152,6 +152,7 @@ class Socket:
         self.default_agent = ws.query_params.get("agentId") or None
         self.overflowed = asyncio.Event()
         self.stream = principal(ws).stream
+        self.scope = principal(ws).scope
         """The stream token the socket came with: then it may only subscribe, within it."""
 
     def send(self, kind: str, **data: Any) -> None:
@@ -208,10 +209,9 @@ class Socket:
         except msgspec.DecodeError:
             self.error("frame_not_json", "the frame is not JSON", "send one JSON object per frame")
             return
-        if self.stream is not None and isinstance(frame, MessageFrame | StopFrame | ApproveFrame):
-            self.error("stream_token_read_only",
-                       f"a stream token cannot send a {type(frame).__name__[:-5].lower()} frame",
-                       STREAM_READ_ONLY_HINT, ref=getattr(frame, "ref", None))  # fmt: skip
+        refusal = self._refusal(frame)
+        if refusal is not None:
+            self.error(*refusal, ref=getattr(frame, "ref", None))
             return
         match frame:
             case PingFrame(ref=ref):
@@ -236,6 +236,21 @@ class Socket:
                 await self._stop(turn_id)
             case ApproveFrame():
                 await self._approve(frame)
+
+    def _refusal(self, frame: object) -> tuple[str, str, str] | None:
+        """A frame that acts (message, stop, approve) on a socket that may only read: one
+        opened with a stream token, or with a key whose scope is ``read``."""
+        if not isinstance(frame, MessageFrame | StopFrame | ApproveFrame):
+            return None
+        kind = type(frame).__name__[:-5].lower()
+        if self.stream is not None:
+            return ("stream_token_read_only", f"a stream token cannot send a {kind} frame",
+                    STREAM_READ_ONLY_HINT)  # fmt: skip
+        if self.scope == "read":
+            return ("scope_insufficient",
+                    f"a {kind} frame needs the scope 'chat'; this key's scope is 'read'",
+                    "mint a key with scope chat (or higher) and connect with it")  # fmt: skip
+        return None
 
     async def _message(self, frame: MessageFrame) -> None:
         agent_id = frame.agent_id or self.default_agent

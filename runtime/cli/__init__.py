@@ -28,17 +28,17 @@ def main() -> None:
 
     Configuration comes from the environment: DISPACH_HOME (data directory, default ~/.dispach),
     DATABASE_URL and NATS_URL (unset: embedded Postgres and NATS are started under DISPACH_HOME),
-    DISPACH_HOST / DISPACH_PORT (127.0.0.1:7420), DISPACH_API_TOKEN.
+    DISPACH_HOST / DISPACH_PORT (127.0.0.1:7420), DISPACH_API_TOKEN (a token or an API key).
     """
 
 
 def _register() -> None:
     """The commands, each from the module of its kind (imported here, once ``main`` exists)."""
-    from runtime.cli import log, remote, serve, store
+    from runtime.cli import keys, log, remote, serve, store
 
     for command in (serve.serve, store.events, store.projections, log.log, remote.send,
                     remote.chat, remote.mcp_command, remote.turns, remote.cluster, remote.agents,
-                    remote.sessions, remote.approvals):  # fmt: skip
+                    remote.sessions, remote.approvals, keys.keys):  # fmt: skip
         main.add_command(command)
 
 

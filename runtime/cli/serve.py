@@ -38,7 +38,7 @@ def serve(
 
     from runtime import workers as workers_module
     from runtime.logs import configure
-    from runtime.node import serve as serve_node
+    from runtime.server import serve as serve_node
 
     with log_errors():
         settings = serve_settings(host, port, home, agents, workers)

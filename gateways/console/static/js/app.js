@@ -79,9 +79,9 @@ function signIn(err) {
   const input = h("input", { id: "token", name: "token", type: "password", autocomplete: "current-password", required: true });
   const form = h("form", { class: "sign-in", "aria-labelledby": "h-sign-in" },
     h("h1", { id: "h-sign-in" }, "Sign in"),
-    h("p", {}, "This node asks for a bearer token (one of DISPACH_API_TOKEN's). It stays in this tab only."),
+    h("p", {}, "This node asks for a bearer token (one of DISPACH_API_TOKEN's) or an API key (dsp_…). It stays in this tab only."),
     token() ? problem(err) : null,
-    h("label", { for: "token" }, "API token"), input,
+    h("label", { for: "token" }, "API token or key"), input,
     h("button", { type: "submit" }, "Sign in"));
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
