@@ -48,6 +48,8 @@ class Agent:
     """The agents it hands tasks to with its ``handoff`` tool (actors/handoff/)."""
     addressable: bool = True
     """Whether messages reach it over HTTP (a team's member, by default, is not)."""
+    version: str = ""
+    """The content hash of the manifest it was built from (``model.call.agent_version``)."""
     truncation: Literal["end", "retry"] = "end"
     """What a reply cut off by the per-call output limit does: end the turn ``truncated``, or
     go once more with twice the budget."""

@@ -27,3 +27,8 @@ def schedule(agent_id: str, schedule_id: str) -> str:
 
 def channel(agent_id: str, channel_id: str) -> str:
     return f"channel-{agent_id}-{channel_id}"
+
+
+def agent(agent_id: str) -> str:
+    """An agent's lifecycle: ``agent.reloaded``, ``agent.stopped``, ``agent.started``."""
+    return f"agent-{agent_id}"

@@ -89,6 +89,12 @@ def cluster_changed() -> str:
     return f"{PREFIX}.cluster.changed"
 
 
+def agents_changed() -> str:
+    """An agent's stream has a new event (reloaded, stopped, started): every node folds it from
+    the log now rather than at its next poll (runtime/lifecycle.py). Carries the agent's id."""
+    return f"{PREFIX}.agents.changed"
+
+
 def outbox(channel: str) -> str:
     """Replies were promised to ``channel``: outboxes on other nodes look now, not at their poll."""
     return f"{PREFIX}.outbox.{token(channel)}"

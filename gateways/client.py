@@ -246,6 +246,16 @@ class Client:
         """One agent in detail: model, tool count, ``limits``, ``channels``, ``schedules``, …"""
         return _JSON.decode(self._request("GET", f"/v1/agents/{_seg(agent)}").content)
 
+    def change_agent(
+        self, agent: str, kind: str, *, reason: str | None = None, by: str = "cli"
+    ) -> dict[str, Any]:
+        """``kind``: ``reload`` (the manifest read again, for new turns on every node),
+        ``stop`` (new messages refused ``agent_stopped``) or ``start``; the agent's state."""
+        body = {"by": by, **({"reason": reason} if reason is not None else {})}
+        return _JSON.decode(
+            self._request("POST", f"/v1/agents/{_seg(agent)}/{kind}", json=body).content
+        )
+
     def tools(self, agent: str) -> list[dict[str, Any]]:
         """The agent's tools: ``slug``, ``summary``, ``mutating``, ``policy``, ``timeoutS``, …"""
         return _JSON_LIST.decode(self._request("GET", f"/v1/agents/{_seg(agent)}/tools").content)

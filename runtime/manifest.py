@@ -11,6 +11,7 @@ registry of their kinds (:mod:`gateways.toolsources`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import os
 import re
@@ -51,6 +52,9 @@ __all__ = [
     "decode",
     "load_all",
     "load_manifests",
+    "load_sources",
+    "read_one",
+    "version_of",
     "with_tools",
 ]
 
@@ -95,28 +99,85 @@ def load_all(directory: Path | None, env: dict[str, str] | None = None) -> dict[
 
 def load_manifests(directory: Path | None) -> dict[str, Manifest]:
     """The default agent's manifest plus every ``*.yaml`` one in ``directory``, by id."""
-    manifests = {DEFAULT.id: DEFAULT}
-    if directory is not None and directory.is_dir():
-        for path in sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")]):
-            manifest = decode(path.read_bytes(), str(path))
-            if manifest.id != path.stem:
-                raise ManifestError(
-                    f"{path}: id {manifest.id!r} does not match the file name",
-                    f"name the file {manifest.id}.yaml, or set id: {path.stem}",
-                    field="id",
-                )
-            manifests[manifest.id] = manifest
-    teams.check(manifests)
-    return manifests
+    return {agent_id: read.manifest for agent_id, read in load_sources(directory).items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class Read:
+    """A manifest as read from its file: decoded, its text, and its version (content hash)."""
+
+    manifest: Manifest
+    text: str
+    version: str
+
+
+DEFAULT_TEXT = msgspec.json.encode(DEFAULT).decode()
+"""The default agent's manifest as text (JSON is YAML): what its ``agent.reloaded`` carries."""
+
+
+def version_of(content: bytes) -> str:
+    """A manifest's version: ``sha256:`` and the first 16 hex digits of its bytes' SHA-256."""
+    return "sha256:" + hashlib.sha256(content).hexdigest()[:16]
+
+
+def load_sources(directory: Path | None) -> dict[str, Read]:
+    """:func:`load_manifests` with each manifest's text and version."""
+    default = Read(DEFAULT, DEFAULT_TEXT, version_of(DEFAULT_TEXT.encode()))
+    found = {DEFAULT.id: default}
+    for path in _files(directory):
+        read = _read(path)
+        found[read.manifest.id] = read
+    teams.check({agent_id: read.manifest for agent_id, read in found.items()})
+    return found
+
+
+def read_one(directory: Path | None, agent_id: str) -> Read:
+    """The manifest of ``agent_id`` as its file holds it now (the default agent's built-in one
+    when it has no file): what a reload reads. A broken file is a :class:`ManifestError`."""
+    for path in _files(directory):
+        if path.stem == agent_id:
+            return _read(path)
+    if agent_id == DEFAULT.id:
+        return load_sources(None)[DEFAULT.id]
+    raise ManifestError(
+        f"no manifest for agent {agent_id!r} in {directory}: agents/{agent_id}.yaml is gone",
+        f"put agents/{agent_id}.yaml back (a node's agents are those it started with)",
+        field="id",
+    )
+
+
+def from_text(text: str, source: str, version: str) -> Read:
+    """A manifest carried by an ``agent.reloaded`` event (at ``version``), read as its file
+    was."""
+    return Read(decode(text, source), text, version)
+
+
+def _files(directory: Path | None) -> list[Path]:
+    if directory is None or not directory.is_dir():
+        return []
+    return sorted([*directory.glob("*.yaml"), *directory.glob("*.yml")])
+
+
+def _read(path: Path) -> Read:
+    content = path.read_bytes()
+    manifest = decode(content, str(path))
+    if manifest.id != path.stem:
+        raise ManifestError(
+            f"{path}: id {manifest.id!r} does not match the file name",
+            f"name the file {manifest.id}.yaml, or set id: {path.stem}",
+            field="id",
+        )
+    return Read(manifest, content.decode("utf-8", errors="replace"), version_of(content))
 
 
 def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource] = (), *,
-          recall: RecallPolicy | None = None, addressable: bool = True) -> Agent:  # fmt: skip
+          recall: RecallPolicy | None = None, addressable: bool = True,
+          version: str = "") -> Agent:  # fmt: skip
     """The agent of ``manifest``; ``sources``: the live sources it declares (its MCP servers),
     whose tools (as they last listed them) join its own; ``recall``: its skills as
     :func:`runtime.skills.load` read them (None: none, and its memory as configured);
     ``addressable``: whether messages reach it over HTTP (runtime/teams.py decides, knowing
-    every manifest)."""
+    every manifest); ``version``: the manifest's content hash."""
     model = providers.model(manifest.model, env, manifest.id, "model")
     policy = _context_policy(manifest)
     provider = providers.chosen(manifest.model, env)
@@ -155,6 +216,7 @@ def build(manifest: Manifest, env: dict[str, str], sources: Sequence[ToolSource]
         recall=recall,
         members=tuple(manifest.members),
         addressable=addressable,
+        version=version,
     )
     check_schedules(manifest, agent.channels)
     log.info("agent_loaded", agent=agent.id, model=model.label, tools=agent.tools.names,

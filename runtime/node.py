@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import os
 import time
@@ -28,7 +29,7 @@ from actors.cluster.commands import Commands
 from actors.cluster.ownership import Ownership
 from actors.handoff import Handoffs
 from actors.host import ActorHost
-from actors.messages import ClusterStatus, NodeActivity
+from actors.messages import ClusterStatus, NodeActivity, Refused
 from actors.outbox import Channel
 from actors.outbox.actor import DRAIN, KICK, OutboxActor
 from actors.schedule.actor import CLOCK_ON, SchedulerActor
@@ -48,7 +49,8 @@ from eventstore.bridge import Portal, blocking
 from eventstore.catalogue import DeliveryEnqueued
 from eventstore.feed import Feed
 from eventstore.retention import RetentionTask
-from gateways.api.schemas import AgentDetail, SkillList, ToolInfo
+from gateways.api.common import AgentChange
+from gateways.api.schemas import AgentDetail, AgentState, SkillList, ToolInfo
 from gateways.http.app import VERSION
 from gateways.http.keys import KeyRing
 from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
@@ -58,6 +60,7 @@ from gateways.toolsources import KINDS
 from runtime import credentials, manifest, skills, teams
 from runtime.config import Settings, nats_servers
 from runtime.embedded import EmbeddedServices
+from runtime.lifecycle import Lifecycle
 from runtime.logs import redact_url
 
 log = structlog.get_logger("dispach.node")
@@ -81,6 +84,8 @@ class Node:
         self._portal: Portal | None = None
         self.agents: dict[str, Agent] = {}
         self._manifests: dict[str, manifest.Manifest] = {}
+        self.lifecycle: Lifecycle | None = None
+        """Reload, stop and start of the agents, on every node (runtime/lifecycle.py)."""
         self._env: dict[str, str] = {}
         self.sources: dict[str, LiveSources] = {}
         """The live tool sources the manifests declare, by kind (``mcp_servers``); a kind no
@@ -112,9 +117,13 @@ class Node:
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
     def agent_details(self) -> dict[str, AgentDetail]:
-        if not self.sources:
-            return self._details
         found = dict(self._details)
+        if self.lifecycle is not None:  # stopped or not, and the version new turns run
+            for agent_id, detail in found.items():
+                shown = self.lifecycle.shown(agent_id)
+                found[agent_id] = msgspec.structs.replace(detail, **shown)
+        if not self.sources:
+            return found
         for agent_id in self._manifests:
             down = [w for live in self.sources.values() for w in live.warnings(agent_id)]
             if down and agent_id in found:
@@ -131,6 +140,14 @@ class Node:
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:
         agent = self.agents.get(agent_id)
         return agent.channels.get(channel_id) if agent is not None else None
+
+    async def change_agent(
+        self, kind: AgentChange, agent_id: str, by: str, reason: str | None
+    ) -> AgentState | Refused:
+        if self.lifecycle is None:
+            return Refused(code="not_ready", message="the node is not ready yet",
+                           hint="retry shortly; GET /v1/ready says when")  # fmt: skip
+        return await self.lifecycle.change(kind, agent_id, by, reason)
 
     def cluster_status(self) -> ClusterStatus | None:
         if self.ownership is None or not self.ownership.ready:
@@ -226,6 +243,7 @@ class Node:
         )  # fmt: skip
         self.ownership = ownership
         self._fence_by(ownership, store, feed)
+        await self._start_lifecycle(store, self.engine)
         self.commands = Commands(
             self.engine, ownership, self.nc,
             wait_seconds=min(self.accept_timeout, self.settings.lease_ttl_seconds + 2),
@@ -322,13 +340,23 @@ class Node:
         return await node_activity(self.node_id, set(engine.running), store,
                                    ownership.holds("scheduler"))  # fmt: skip
 
+    async def _start_lifecycle(self, store: EventStore, engine: SessionDirectory) -> None:
+        """Each agent's lifecycle folded from the log before any door opens or any turn
+        resumes: a stopped agent stays stopped across restarts."""
+        assert self.nc is not None
+        self.lifecycle = Lifecycle(store, self.nc, engine, self.node_id,
+                                   self.settings.agents_path, self._build, self._swap)  # fmt: skip
+        for agent in self.agents.values():
+            self.lifecycle.keep(agent)
+        await self.lifecycle.start()
+
     async def _load_agents(self) -> None:
         """Read the manifests, check the tool sources they declare and start them (waiting a
         bounded time for each to list its tools), then build the agents: before any turn is
         resumed, so a resumed turn finds the tools it was using."""
         self._env = dict(os.environ)
-        self._manifests = await blocking(manifest.load_manifests,
-                                                  self.settings.agents_path)  # fmt: skip
+        reads = await blocking(manifest.load_sources, self.settings.agents_path)
+        self._manifests = {agent_id: read.manifest for agent_id, read in reads.items()}
         # Every declaration is checked before any source starts.
         declared = {
             kind: {a: kind.declare(a, getattr(m, kind.key), self._env)
@@ -339,13 +367,8 @@ class Node:
             if any(by_agent.values()):
                 self.sources[kind.key] = kind.open(by_agent, VERSION, self._sources_changed)
         await asyncio.gather(*(live.start(SOURCES_START_SECONDS) for live in self.sources.values()))
-        directory = self.settings.agents_path
-        members = teams.members_of(self._manifests)
         self.agents = await blocking(lambda: {
-            agent_id: manifest.build(m, self._env, self._sources_of(agent_id),
-                                     recall=skills.load(m, directory),
-                                     addressable=teams.addressable(m, members))
-            for agent_id, m in self._manifests.items()
+            agent_id: self._build(read) for agent_id, read in reads.items()
         })  # fmt: skip
         self._details = {a.id: agent_detail(a) for a in self.agents.values()}
         assert self.store is not None, "the store opens before the agents load"
@@ -355,6 +378,40 @@ class Node:
     def _budget_of(self, agent_id: str) -> Budget | None:
         agent = self.agents.get(agent_id)
         return agent.budget if agent is not None else None
+
+    def _build(self, read: manifest.Read) -> Agent:
+        """An agent from its manifest, with this node's environment and live sources (blocking:
+        at start, or on a thread for a reload)."""
+        m = read.manifest
+        members = teams.members_of({**self._manifests, m.id: m})
+        return manifest.build(m, self._env, self._sources_of(m.id),
+                              recall=skills.load(m, self.settings.agents_path),
+                              addressable=teams.addressable(m, members),
+                              version=read.version)  # fmt: skip
+
+    def _swap(self, agent: Agent, read: manifest.Read) -> tuple[Agent, list[str]]:
+        """A reloaded agent in place for new turns (sessions read ``self.agents`` as a turn
+        starts). What the node started and runs beside its agents stays as it is until the
+        next start: the channels (their long polls and webhooks are running), the tool sources
+        (MCP servers), the schedules (reconciled at start); each one that the new manifest
+        changes is named in the answer."""
+        old, was = self.agents[agent.id], self._manifests[agent.id]
+        warnings = [
+            f"{field} changed in the manifest: they take effect at the node's next start"
+            for field in ("channels", "schedules", *(kind.key for kind in KINDS))
+            if msgspec.to_builtins(getattr(was, field)) != msgspec.to_builtins(
+                getattr(read.manifest, field))
+        ]  # fmt: skip
+        unused = [c for c in agent.channels.values() if c not in old.channels.values()]
+        agent = dataclasses.replace(agent, channels=old.channels, schedules=old.schedules)
+        for channel in unused:  # built, never started
+            self._background(channel.aclose())
+        self.agents[agent.id] = agent
+        self._manifests[agent.id] = read.manifest
+        self._details[agent.id] = agent_detail(agent)
+        if self.store is not None:  # the versions of its skills this node ranks
+            self._background(skills.index(self.store, agent))
+        return agent, warnings
 
     def _sources_of(self, agent_id: str) -> list[ToolSource]:
         """The agent's team tool (a supervisor's handoff), then its live sources, kind after
@@ -457,6 +514,8 @@ class Node:
         next start."""
         if self._ingress is not None:
             await self._ingress.stop()
+        if self.lifecycle is not None:  # no more reloads, stops or starts heard
+            await self.lifecycle.stop()
         if self.ownership is not None and self.ownership.ready:
             await self.ownership.drain(timeout)
         if self.commands is not None:

@@ -236,7 +236,8 @@ async def test_v1_mcp_over_streamable_http_behind_the_token(api_factory: ApiFact
             },
         )
     assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "unauthorized"
-    assert anonymous.json()["error"]["hint"].startswith("send `Authorization: Bearer <token or key>`")
+    hint = anonymous.json()["error"]["hint"]
+    assert hint.startswith("send `Authorization: Bearer <token or key>`")
     assert forged.status_code == 401
     # RFC 9110 11.6.1: a 401 names the scheme that would be accepted (MCP clients read it to
     # know a bearer token is wanted); a token that was sent and refused is invalid_token

@@ -58,12 +58,15 @@ STREAMS = frozenset({"/v1/agents/{agent}/turns/{turn_id}/stream", "/v1/events"})
 UNDOCUMENTED = frozenset({"/metrics", "/v1/ws", "/", "/console", "/console/{path:path}"})
 STOP = "POST /v1/agents/{agent}/turns/{turn_id}/stop"
 RELOAD = "POST /v1/agents/{agent}/reload"
+STOP_AGENT = "POST /v1/agents/{agent}/stop"
+START_AGENT = "POST /v1/agents/{agent}/start"
 PHASE = "POST /v1/agents/{agent}/sessions/{key}/phase"
-# Not generated for; test_the_operations_v1_has_and_we_refuse sends them. Reload is refused by
-# design with a 501 (a 5xx: "not a server error" would flag every answer); a phase is valid only
-# when the agent declares it, which the document cannot say for every agent (the default agent
-# declares none), so generated "valid" phases are refused.
-UNSUPPORTED = frozenset({RELOAD, PHASE})
+# Not generated for; test_the_operations_v1_has_and_we_refuse sends them. An agent's reload,
+# stop and start change the agent every other generated request is sent to (a generated stop
+# would make the valid messages after it 409 agent_stopped; tests/test_live_agents.py tests
+# them); a phase is valid only when the agent declares it, which the document cannot say for
+# every agent (the default agent declares none), so generated "valid" phases are refused.
+UNSUPPORTED = frozenset({RELOAD, STOP_AGENT, START_AGENT, PHASE})
 MESSAGES = "POST /v1/agents/{agent}/messages"
 FORK = "POST /v1/agents/{agent}/sessions/{key}/fork"
 # Conformance of one answer, whatever produced the request.
@@ -552,13 +555,20 @@ async def test_forks_by_hand(api: ApiServer) -> None:
 
 @pytest.mark.asyncio
 async def test_the_operations_v1_has_and_we_refuse(api: ApiServer) -> None:
-    """Reload and a session's phase answer as the document says: the envelope, with a status
-    it declares (501 for reload; 400 for a phase the agent does not declare or of the wrong
-    type)."""
+    """Reload, stop, start and a session's phase answer as the document says, with a status
+    and a body it declares (400 for a phase the agent does not declare or of the wrong type);
+    a message while the agent is stopped is the 409 the document names."""
     raw = await document(api)
     cases = [
-        ("POST", "/v1/agents/assistant/reload", None, RELOAD, 501, "reload_not_supported"),
+        ("POST", "/v1/agents/assistant/reload", None, RELOAD, 200, None),
         ("POST", "/v1/agents/nobody/reload", None, RELOAD, 404, "agent_not_found"),
+        ("POST", "/v1/agents/assistant/reload", {"by": 5}, RELOAD, 400, "request_body_invalid"),
+        ("POST", "/v1/agents/assistant/stop", {"reason": "r"}, STOP_AGENT, 200, None),
+        ("POST", "/v1/agents/assistant/messages", {"text": "hi"}, MESSAGES, 409,
+         "agent_stopped"),
+        ("POST", "/v1/agents/assistant/start", None, START_AGENT, 200, None),
+        ("POST", "/v1/agents/nobody/stop", None, STOP_AGENT, 404, "agent_not_found"),
+        ("POST", "/v1/agents/nobody/start", None, START_AGENT, 404, "agent_not_found"),
         ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": "triage"}, PHASE, 400,
          "phase_invalid"),
         ("POST", "/v1/agents/assistant/sessions/s1/phase", {"phase": None}, PHASE, 400,
@@ -577,7 +587,8 @@ async def test_the_operations_v1_has_and_we_refuse(api: ApiServer) -> None:
                 raw, response["content"]["application/json"]["schema"], answer.json()
             )
             problem = envelope_problem(answer.status_code, answer.content)
-            got = (answer.status_code, answer.json()["error"]["code"], fitting, problem)
+            error = answer.json().get("error") if answer.status_code >= 400 else None
+            got = (answer.status_code, error and error["code"], fitting, problem)
             if got != (status, code, True, None):
                 wrong.append(f"{method} {path} {body} -> {got} {answer.text}")
     assert wrong == [], "\n".join(wrong)

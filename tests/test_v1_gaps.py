@@ -1,8 +1,9 @@
 """What a Dispach v1 client meets on our API beyond messages and streams: the tools and skills
-of an agent (skills supported), reload and a session's phase (refused, as docs/api.md says),
-v1's own codes for a ``deliver`` or ``from`` that does not fit (on every door: HTTP,
-WebSocket, NATS), the cleared session's ``memoryFilesKept``, the model an agent really runs,
-the envelope's ``runtimeId``, and a turn's prompt tokens summed over its model calls."""
+of an agent (skills supported), reload (done: tests/test_live_agents.py) and a session's phase
+(which must be declared), v1's own codes for a ``deliver`` or ``from`` that does not fit (on
+every door: HTTP, WebSocket, NATS), the cleared session's ``memoryFilesKept``, the model an
+agent really runs, the envelope's ``runtimeId``, and a turn's prompt tokens summed over its
+model calls."""
 
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ async def test_skills_are_supported_and_an_agent_without_any_says_so(api: ApiSer
 
 
 @pytest.mark.asyncio
-async def test_reload_is_refused_and_a_phase_must_be_declared(api: ApiServer) -> None:
+async def test_reload_is_done_and_a_phase_must_be_declared(api: ApiServer) -> None:
     async with client_of(api) as http:
         reload = await http.post("/v1/agents/assistant/reload")
         phase = await http.post("/v1/agents/assistant/sessions/s1/phase", json={"phase": "triage"})
@@ -108,7 +109,12 @@ async def test_reload_is_refused_and_a_phase_must_be_declared(api: ApiServer) ->
             headers={"Content-Type": "application/json"},
         )
         sessions = await http.get("/v1/agents/assistant/sessions")
-    assert "restart the node" in error_of(reload, 501, "reload_not_supported")["hint"]
+    # The default agent has no file: its built-in manifest is read again, the same version.
+    assert reload.status_code == 200, reload.text
+    reloaded = reload.json()
+    assert reloaded["id"] == "assistant" and reloaded["status"] == "loaded"
+    assert reloaded["changed"] is False and reloaded["version"] == reloaded["previousVersion"]
+    assert reloaded["version"].startswith("sha256:")
     # The default agent declares no phases: no name is one of its phases, null included.
     for answer in (phase, cleared):
         assert "phases" in error_of(answer, 400, "phase_invalid")["hint"]

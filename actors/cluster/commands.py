@@ -108,6 +108,9 @@ class Commands:
                 return Refused(code=e.code, message=e.message, hint=e.hint)
             if refused is not None:
                 return refused
+        # A stopped agent is refused by the node asked, as its session's owner refuses it.
+        if (stopped := self._engine.refusal(submit.agent_id)) is not None:
+            return stopped
         partition = self._own.partition(submit.agent_id, submit.session_key)
         reply = await self._route(partition, "submit", submit, timeout)
         if reply.accepted is not None:

@@ -315,6 +315,7 @@ class SessionActor(LoopActor):
             engine.store, self._agent, turn_id, self._session_key, engine.node_id,
             stored=self._accepted.pop(turn_id, None), history=self._history,
             read_ahead=self._prefetch.pop(turn_id, None),
+            versions=functools.partial(engine.agent_at, self._state.agent_id),
         )  # fmt: skip
         self._drop_prefetch()  # any other (none is expected): it was for a turn that did not start
         if stop_by is not None:

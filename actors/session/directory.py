@@ -13,7 +13,7 @@ import msgspec
 import pykka
 import structlog
 
-from actors import idempotency, ids, recall
+from actors import idempotency, ids, lifecycle, recall
 from actors.actor import MailboxFull, ask
 from actors.agent import Agent
 from actors.cluster.partitions import partition_of
@@ -88,6 +88,21 @@ class SessionDirectory:
         """Tasks of the turns running on this node (touched on the event loop only)."""
         self._sessions: dict[tuple[str, str], pykka.ActorRef[Any]] = {}
         self._lock = Lock()
+        self.lives: dict[str, lifecycle.Life] = {}
+        """Each agent's lifecycle as this node last folded it from the log (runtime/lifecycle.py
+        keeps it): a stopped agent's new messages are refused here, on the session's owner."""
+        self.versions: dict[tuple[str, str], Agent] = {}
+        """Every version of each agent this node built since it started, by (agent, version),
+        the newest few of each kept: a turn resumed here runs on the version it started with
+        when it is one of them (:meth:`agent_at`)."""
+
+    def refusal(self, agent_id: str) -> Refused | None:
+        """Why a new message for the agent is refused now (it is stopped), if it is."""
+        return lifecycle.refusal(self.lives.get(agent_id))
+
+    def agent_at(self, agent_id: str, version: str | None) -> Agent | None:
+        """The agent at ``version``, if this node built it (None: not known here)."""
+        return None if version is None else self.versions.get((agent_id, version))
 
     def live_sessions(self) -> set[tuple[str, str]]:
         """``(agent, session)`` of the session actors alive now (thread-safe)."""
@@ -106,7 +121,9 @@ class SessionDirectory:
                     self.portal.call_soon(self._crowded.set)
             return ref
 
-    async def submit(self, submit: Submit) -> Accepted | Refused:
+    def _not_taken(self, submit: Submit) -> Refused | None:
+        """Why a message is refused before its session sees it: no such agent, the agent is
+        stopped, or its delivery target does not fit."""
         if submit.agent_id not in self.agents:
             return Refused(
                 code="agent_not_found",
@@ -114,10 +131,15 @@ class SessionDirectory:
                 hint=f"known agents: {', '.join(sorted(self.agents))}",
                 field="agentId",
             )
+        if (stopped := self.refusal(submit.agent_id)) is not None:
+            return stopped
         if submit.deliver is not None:
-            refused = _deliver_problem(self.agents[submit.agent_id], submit.deliver)
-            if refused is not None:
-                return refused
+            return _deliver_problem(self.agents[submit.agent_id], submit.deliver)
+        return None
+
+    async def submit(self, submit: Submit) -> Accepted | Refused:
+        if (refused := self._not_taken(submit)) is not None:
+            return refused
         if submit.idempotency_key is not None:
             keyed = await self._keyed(submit, submit.idempotency_key)
             if not isinstance(keyed, Submit):

@@ -21,6 +21,7 @@ from eventstore.catalogue import (
     Deliver,
     EndReason,
     ErrorDetail,
+    ModelCall,
     ModelResult,
     PhaseChanged,
     SkillNone,
@@ -108,6 +109,8 @@ class TurnState(msgspec.Struct, frozen=True, kw_only=True):
     ended: EndReason | None = None
     budget: Budget | None = None
     """What the turn may spend at most, set by the turn that handed it its task (a handoff)."""
+    agent_version: str | None = None
+    """The version of the agent the turn started with: its first ``model.call``'s."""
 
     @property
     def text(self) -> str:
@@ -208,7 +211,14 @@ def _noted(state: TurnState, data: Event | UnknownEvent) -> TurnState:
         case TurnEnd(reason=reason):
             return replace(state, ended=reason)
         case _:
-            return state
+            return _started_with(state, data)
+
+
+def _started_with(state: TurnState, data: Event | UnknownEvent) -> TurnState:
+    """The version of the agent the turn started with: its first ``model.call``'s."""
+    if isinstance(data, ModelCall) and state.agent_version is None and data.agent_version:
+        return msgspec.structs.replace(state, agent_version=data.agent_version)
+    return state
 
 
 def _with_result(state: TurnState, result: ModelResult) -> TurnState:

@@ -124,6 +124,7 @@ class Caller:
                 role="main", model=agent.model_id, prompt_tokens=prepared.tokens,
                 context=context if first else None,
                 pressure=_pressure(pressure) if first else None,
+                agent_version=agent.version or None,
             )])  # fmt: skip
             first = False
             request = ModelRequest(

@@ -1,15 +1,34 @@
-"""The agents of API v1: the list a token may reach, one agent, its tools and skills, the
-refused reload; and the cluster the node reads (``GET /v1/cluster``)."""
+"""The agents of API v1: the list a token may reach, one agent, its tools and skills, its
+reload, stop and start; and the cluster the node reads (``GET /v1/cluster``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.messages import ClusterStatus
-from gateways.api.common import ApiError, agent, not_ready, principal, runtime
-from gateways.api.schemas import AgentDetail, AgentInfo, SkillList, ToolInfo
-from gateways.http.errors import ErrorEnvelope, json_response
+from actors.messages import ClusterStatus, Refused
+from gateways.api.common import (
+    AgentChange,
+    ApiError,
+    agent,
+    decode_body,
+    not_ready,
+    principal,
+    read_body,
+    refused,
+    runtime,
+)
+from gateways.api.schemas import (
+    AgentChangeBody,
+    AgentDetail,
+    AgentInfo,
+    AgentState,
+    SkillList,
+    ToolInfo,
+)
+from gateways.http.errors import json_response
 from gateways.http.operation import AGENT, Operation, answer, array
 
 
@@ -23,6 +42,10 @@ async def list_agents(request: Request) -> Response:
             model=a.model,
             provider=a.provider,
             phase=a.phase,
+            version=a.version,
+            disabled_at=a.disabled_at,
+            disabled_by=a.disabled_by,
+            reason=a.reason,
         )
         for a in runtime(request).agent_details().values()
         if who.sees(a.id)
@@ -106,27 +129,63 @@ AGENT_SKILLS = Operation(
 
 
 async def reload_agent(request: Request) -> Response:
-    """``POST …/reload``: refused, as v1 0.1.0 refuses it. An agent is built once per node
-    start; its pinned prompt prefix (instructions, tools) must stay byte-stable for the
-    provider's cache and for every session's turns, so a live reload would change a
-    conversation under it. A restart (or a rolling restart of the cluster) loads the manifest."""
+    """``POST …/reload``: the manifest read again from the disk of the node asked, validated
+    (a broken one is ``400`` with the manifest's error, and nothing changes), recorded as
+    ``agent.reloaded`` and swapped in for new turns on every node; running turns finish on the
+    version they started with."""
+    return await _change(request, "reload")
+
+
+async def stop_agent(request: Request) -> Response:
+    """``POST …/stop``: disable the agent on every node, durably (``agent.stopped``): new
+    messages on every door are refused ``409 agent_stopped``; running turns finish."""
+    return await _change(request, "stop")
+
+
+async def start_agent(request: Request) -> Response:
+    """``POST …/start``: a stopped agent takes messages again (``agent.started``)."""
+    return await _change(request, "start")
+
+
+async def _change(request: Request, kind: AgentChange) -> Response:
     found = agent(request)
-    raise ApiError(
-        501,
-        "reload_not_supported",
-        f"agent {found.id!r} cannot be reloaded while the node runs: an agent's manifest is "
-        "read once, at the node's start",
-        "restart the node to load a changed manifest; in a cluster, roll it: start nodes with "
-        "the new manifest, then stop the old ones one by one (SIGTERM drains them)",
+    body: AgentChangeBody = decode_body(await read_body(request), AgentChangeBody)
+    if runtime(request).commands is None:
+        raise not_ready()
+    result = await runtime(request).change_agent(kind, found.id, body.by or "api", body.reason)
+    if isinstance(result, Refused):
+        raise refused(result)
+    return json_response(result)
+
+
+def _operation(kind: AgentChange, handler: Any, summary: str, ok: str) -> Operation:
+    return Operation(
+        "POST",
+        f"/v1/agents/{{agent}}/{kind}",
+        handler,
+        summary,
+        {"200": answer(AgentState, ok)},
+        params=[AGENT],
+        body=AgentChangeBody,
+        body_required=False,
+        errors=("400", "401", "404", "503"),
     )
 
 
-RELOAD_AGENT = Operation(
-    "POST",
-    "/v1/agents/{agent}/reload",
+RELOAD_AGENT = _operation(
+    "reload",
     reload_agent,
-    "Reload the agent's manifest: refused (an agent is built once per node start)",
-    {"501": answer(ErrorEnvelope, "`reload_not_supported`: restart the node")},
-    params=[AGENT],
-    errors=("401", "404", "503"),
+    "Read the agent's manifest again and run it for new turns on every node (running turns "
+    "finish on theirs)",
+    "Reloaded: `agent.reloaded` is in the log",
 )
+STOP_AGENT = _operation(
+    "stop",
+    stop_agent,
+    "Disable the agent on every node: new messages get `409 agent_stopped`",
+    "Stopped (or already stopped: `changed: false`)",
+)
+START_AGENT = _operation(
+    "start", start_agent, "Enable a stopped agent on every node", "Started (or already taking "
+    "messages)",
+)  # fmt: skip

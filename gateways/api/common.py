@@ -9,7 +9,7 @@ import functools
 import math
 from collections.abc import Callable
 from importlib import resources
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 import nats.aio.client
@@ -21,10 +21,11 @@ from actors.prices import PriceTable
 from eventstore import Checkpoint, EventStore, InvalidCursor, StoreError
 from eventstore.feed import Feed
 from gateways import ingress
-from gateways.api.schemas import AgentDetail, SkillList
+from gateways.api.schemas import AgentDetail, AgentState, SkillList
 from gateways.http.auth import EVERYONE, PRIVATE_NEEDS_TOKEN, PRIVATE_QUERY, Principal
 
 MAX_PAGE = 500
+AgentChange = Literal["reload", "stop", "start"]
 
 
 class Runtime(Protocol):
@@ -76,6 +77,12 @@ class Runtime(Protocol):
         """An agent's channel, if it has that one."""
         ...
 
+    async def change_agent(
+        self, kind: AgentChange, agent_id: str, by: str, reason: str | None
+    ) -> AgentState | Refused:
+        """Reload, stop or start an agent on every node (runtime/lifecycle.py)."""
+        ...
+
 
 class ApiError(Exception):
     """An answer other than success; rendered as the error envelope by the app."""
@@ -97,6 +104,7 @@ class ApiError(Exception):
 # Refusals from the engine and what HTTP status each one is.
 _STATUS = {
     "invalid_value": 400,
+    "invalid_manifest": 400,
     "agent_not_found": 404,
     "agent_not_addressable": 403,
     "turn_not_found": 404,
@@ -104,6 +112,8 @@ _STATUS = {
     "approval_not_found": 404,
     "approval_busy": 409,
     "session_busy": 409,
+    "agent_stopped": 409,
+    "agent_change_conflict": 409,
     "session_exists": 409,
     "turn_not_ended": 409,
     "fork_turn_cleared": 409,

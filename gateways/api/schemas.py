@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typing
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -248,6 +248,10 @@ class AgentInfo(_Body, frozen=True):
     provider: str
     channels: list[str] = msgspec.field(default_factory=list)
     phase: str | None = None
+    version: str = ""
+    disabled_at: str | None = None
+    disabled_by: str | None = None
+    reason: str | None = None
 
 
 class AgentDetail(_Body, frozen=True):
@@ -275,6 +279,42 @@ class AgentDetail(_Body, frozen=True):
     """The agents it hands tasks to (its team); empty for an agent without members."""
     addressable: bool = True
     """Whether messages reach it over HTTP (a member of a team, by default, is not)."""
+    version: str = ""
+    """The content hash of the manifest this node runs for new turns (``agent.reloaded``)."""
+    disabled_at: str | None = None
+    disabled_by: str | None = None
+    reason: str | None = None
+    """Why it was stopped, as the caller said."""
+    reloaded_at: str | None = None
+
+
+Who = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@:-]+$")]
+
+
+class AgentChangeBody(_Body, frozen=True):
+    """``POST …/reload``, ``…/stop``, ``…/start`` (every field optional, the body too):
+    ``by`` names the caller on the record (``api`` when absent), ``reason`` why it stops."""
+
+    by: Who | None = None
+    reason: Annotated[str, msgspec.Meta(max_length=500)] | None = None
+
+
+class AgentState(_Body, frozen=True):
+    """What a reload, stop or start left: the agent's status (v1's ``loaded`` or ``disabled``)
+    and version on the node asked, whether this request changed anything (a stop of a stopped
+    agent does not), and what a reload could not change while the node runs (``warnings``).
+    The other nodes fold the same event from the log within about a second."""
+
+    id: str
+    status: str
+    version: str
+    changed: bool
+    previous_version: str | None = None
+    disabled_at: str | None = None
+    disabled_by: str | None = None
+    reason: str | None = None
+    reloaded_at: str | None = None
+    warnings: list[str] = msgspec.field(default_factory=list)
 
 
 class ForkOrigin(_Body, frozen=True):

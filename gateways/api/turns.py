@@ -166,7 +166,9 @@ POST_MESSAGE = Operation(
     {
         "202": _accepted("Accepted: the turn runs without the caller"),
         "200": _accepted("Replayed (same Idempotency-Key and body)"),
-        "409": answer(ErrorEnvelope, "Idempotency key reused, or the session is busy"),
+        "409": answer(
+            ErrorEnvelope, "Idempotency key reused, the session is busy, or the agent is stopped"
+        ),
     },
     params=[
         AGENT,

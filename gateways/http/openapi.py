@@ -84,7 +84,7 @@ def _operation(op: Operation) -> dict[str, Any]:
     }
     if op.body is not None:
         doc["requestBody"] = {
-            "required": True,
+            "required": op.body_required,
             "content": {"application/json": {"schema": op.body}},
         }
     # Every operation but the always-open ones (health, this document: errors=()) is refused

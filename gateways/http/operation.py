@@ -49,6 +49,8 @@ class Operation:
     body: type[Any] | None = None
     errors: tuple[str, ...] = ("400", "401", "404")
     security: Literal["bearer", "open", "stream"] = "bearer"
+    body_required: bool = True
+    """False: the body may be left out (every field of it is optional)."""
 
 
 def param(

@@ -74,6 +74,8 @@ OPERATIONS: tuple[Operation, ...] = (
     agents.AGENT_TOOLS,
     agents.AGENT_SKILLS,
     agents.RELOAD_AGENT,
+    agents.STOP_AGENT,
+    agents.START_AGENT,
     turns.POST_MESSAGE,
     turns.LIST_TURNS,
     turns.GET_TURN,

@@ -71,6 +71,22 @@ def describe_agents(agents: Sequence[dict[str, Any]]) -> list[str]:
     return _table(["ID", "MODEL", "TOOLS", "CHANNELS"], rows)
 
 
+def describe_change(kind: str, state: dict[str, Any]) -> list[str]:
+    """``dispach agents reload|stop|start``: what the node asked says now."""
+    done = {"reload": "reloaded", "stop": "stopped", "start": "started"}[kind]
+    head = f"agent {state['id']} {done if state.get('changed') else 'unchanged'}: " + (
+        f"{state['status']}, version {state['version']}"
+    )
+    lines = [head]
+    if kind == "reload" and state.get("previousVersion"):
+        lines.append(f"  was {state['previousVersion']}; running turns finish on theirs")
+    if state.get("status") == "disabled":
+        reason = f" ({state['reason']})" if state.get("reason") else ""
+        lines.append(f"  since {state.get('disabledAt')} by {state.get('disabledBy')}{reason}")
+    lines += [f"  warning: {w}" for w in state.get("warnings", [])]
+    return lines
+
+
 def describe_agent(
     agent: dict[str, Any], tools: Sequence[dict[str, Any]], schedules: Sequence[dict[str, Any]]
 ) -> list[str]:

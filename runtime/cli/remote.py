@@ -244,6 +244,43 @@ def agents_show(url: str, agent_id: str, as_json: bool) -> None:
     _echo(body, admin.describe_agent(agent, tools, schedules), as_json)
 
 
+@agents.command("reload")
+@_url_option
+@click.argument("agent_id", metavar="ID")
+@_json_option
+def agents_reload(url: str, agent_id: str, as_json: bool) -> None:
+    """Read the agent's manifest again (on the node's disk) and run it for new turns on every
+    node; running turns finish on the version they started with. A broken manifest changes
+    nothing and its error is shown."""
+    _change(url, agent_id, "reload", None, as_json)
+
+
+@agents.command("stop")
+@_url_option
+@click.argument("agent_id", metavar="ID")
+@click.option("--reason", help="Why, on the record and in every refusal.")
+@_json_option
+def agents_stop(url: str, agent_id: str, reason: str | None, as_json: bool) -> None:
+    """Disable the agent on every node: new messages are refused (409 agent_stopped), its
+    schedules' ticks are skipped; running turns finish. Durable across restarts."""
+    _change(url, agent_id, "stop", reason, as_json)
+
+
+@agents.command("start")
+@_url_option
+@click.argument("agent_id", metavar="ID")
+@_json_option
+def agents_start(url: str, agent_id: str, as_json: bool) -> None:
+    """Let a stopped agent take messages again, on every node."""
+    _change(url, agent_id, "start", None, as_json)
+
+
+def _change(url: str, agent_id: str, kind: str, reason: str | None, as_json: bool) -> None:
+    with _client_errors(), _client(url) as client:
+        state = client.change_agent(agent_id, kind, reason=reason)
+    _echo(state, admin.describe_change(kind, state), as_json)
+
+
 @click.group()
 def sessions() -> None:
     """An agent's sessions on a running node: list, show their history, fork one."""
