@@ -49,9 +49,9 @@ def _counts(call: CallUsage) -> Counts:
 
 def _by(request: Request, allowed: tuple[Group, ...]) -> tuple[Group, ...]:
     raw = request.query_params.get("by")
-    if raw is None or not raw.strip():
+    if raw is None:
         return tuple(g for g in DEFAULT_BY if g in allowed)
-    groups = [g.strip() for g in raw.split(",") if g.strip()]
+    groups = raw.split(",")
     wrong = [g for g in groups if g not in allowed]
     if wrong or len(set(groups)) != len(groups):
         raise ApiError(
@@ -65,7 +65,7 @@ def _by(request: Request, allowed: tuple[Group, ...]) -> tuple[Group, ...]:
 
 def _instant(request: Request, name: str) -> datetime | None:
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return None
     try:
         if len(raw) == 10:
