@@ -88,7 +88,7 @@ async def test_log_stats_counts_every_event_by_agent_and_type_and_every_table(
     assert body["log"]["turns"] == 3
     assert body["log"]["eventsPerTurn"] == pytest.approx(len(log) / 3)
     written = ("events", "turns", "messages", "sessions", "outbox", "approvals", "session_context",
-               "schedules")  # fmt: skip
+               "schedules", "usage_calls")  # fmt: skip
     assert body["log"]["rowsPerTurn"] == pytest.approx(sum(tables[t]["rows"] for t in written) / 3)
     assert body["log"]["bytesPerTurn"] == pytest.approx(body["log"]["rowBytes"] / 3)
     for t in agent["types"]:
