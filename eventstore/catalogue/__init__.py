@@ -1,0 +1,122 @@
+"""Every event type Dispach writes (docs/events.md is the prose for each), one module per kind of
+stream: ``turn``, ``delivery``, ``session``, ``agent``; ``shared`` holds what several carry.
+Importing this package registers every type; import a type from here.
+
+Where the original Dispach (v1 wire) has a name and data shape for the same fact, we use it, so a
+v1 client reads our stream unchanged; our additions are extra fields with defaults or new types.
+Field names are snake_case here and camelCase on the wire (``rename="camel"``).
+"""
+
+from __future__ import annotations
+
+from eventstore.catalogue.agent import AgentReloaded, AgentStarted, AgentStopped
+from eventstore.catalogue.delivery import (
+    DeliveryAttempted,
+    DeliveryEnqueued,
+    DeliveryFailed,
+    DeliveryRetry,
+    DeliverySent,
+    DeliveryUncertain,
+)
+from eventstore.catalogue.session import (
+    ChannelRejected,
+    ForkedMessage,
+    PhaseChanged,
+    Picked,
+    ScheduleDefined,
+    ScheduleFired,
+    ScheduleRemoved,
+    ScheduleSkipped,
+    SessionCleared,
+    SessionForked,
+    SessionNote,
+    SkillNone,
+    SkillSelected,
+)
+from eventstore.catalogue.shared import (
+    Budget,
+    ContextSlot,
+    Deliver,
+    EndReason,
+    ErrorDetail,
+    Sender,
+    Tokens,
+)
+from eventstore.catalogue.turn import (
+    ApprovalRequested,
+    ApprovalResolved,
+    CompactionStage,
+    ContextAssembled,
+    ContextPressure,
+    ContextView,
+    HandoffOutcome,
+    HandoffResult,
+    HandoffStart,
+    ModelCall,
+    ModelChunk,
+    ModelResult,
+    ModelRetry,
+    Pressure,
+    ToolCall,
+    ToolGated,
+    ToolRepair,
+    ToolResult,
+    TurnAttempt,
+    TurnEnd,
+    TurnStart,
+    TurnStopping,
+)
+
+__all__ = [
+    "AgentReloaded",
+    "AgentStarted",
+    "AgentStopped",
+    "ApprovalRequested",
+    "ApprovalResolved",
+    "Budget",
+    "ChannelRejected",
+    "CompactionStage",
+    "ContextAssembled",
+    "ContextPressure",
+    "ContextSlot",
+    "ContextView",
+    "Deliver",
+    "DeliveryAttempted",
+    "DeliveryEnqueued",
+    "DeliveryFailed",
+    "DeliveryRetry",
+    "DeliverySent",
+    "DeliveryUncertain",
+    "EndReason",
+    "ErrorDetail",
+    "ForkedMessage",
+    "HandoffOutcome",
+    "HandoffResult",
+    "HandoffStart",
+    "ModelCall",
+    "ModelChunk",
+    "ModelResult",
+    "ModelRetry",
+    "PhaseChanged",
+    "Picked",
+    "Pressure",
+    "ScheduleDefined",
+    "ScheduleFired",
+    "ScheduleRemoved",
+    "ScheduleSkipped",
+    "Sender",
+    "SessionCleared",
+    "SessionForked",
+    "SessionNote",
+    "SkillNone",
+    "SkillSelected",
+    "Tokens",
+    "ToolCall",
+    "ToolGated",
+    "ToolRepair",
+    "ToolResult",
+    "TurnAttempt",
+    "TurnEnd",
+    "TurnStart",
+    "TurnStopping",
+]
