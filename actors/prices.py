@@ -74,6 +74,12 @@ def _openai(input: float, output: float, cached: float) -> Price:
 
 DEFAULT_PRICES: dict[str, Price] = {
     "scripted": Price(input=0, output=0),
+    # The 5 family as Anthropic's model pages list them (platform.claude.com, read 2026-12-07).
+    "claude-fable-5-1": _claude(10, 50),
+    "claude-opus-5-5": _claude(4, 20),
+    "claude-opus-5": _claude(5, 25),
+    "claude-sonnet-5-5": _claude(2, 10),
+    "claude-sonnet-5": _claude(2, 10),
     "claude-opus-4-5": _claude(5, 25),
     "claude-opus-4-1": _claude(15, 75),
     "claude-opus-4": _claude(15, 75),

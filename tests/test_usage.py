@@ -275,3 +275,13 @@ def test_prices_match_snapshots_never_guess_and_take_the_operators_entries(
     with pytest.raises(prices.PriceError) as bad:
         prices.load({"DISPACH_PRICES": '{"x": {"input": -1, "output": 0}}'})
     assert bad.value.code == "prices_invalid" and bad.value.hint
+
+
+def test_the_default_model_is_priced() -> None:
+    """An agent that names no model gets one whose cost is known (2 and 10 dollars per million
+    input and output tokens for claude-sonnet-5; a cache read a tenth, a write 1.25 times)."""
+    from gateways.model.config import ModelConfig
+
+    model = ModelConfig().id
+    cost = PriceTable().cost(model, Counts(prompt=1_000_000, output=1_000_000))
+    assert cost.usd == pytest.approx(12.0), cost
