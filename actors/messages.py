@@ -90,6 +90,25 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds after which the same command may succeed (a budget's reset), when known."""
 
 
+HANDOFF = "handoff"
+"""The source of a member's turn asked for by its supervisor's ``handoff`` call: the one way
+into an agent that is not addressable. No door takes it from outside (gateways/ingress.py)."""
+
+
+def not_addressable(agent_id: str, addressable: bool, source: str | None) -> Refused | None:
+    """The refusal of a message to an agent that takes work only from its supervisor (a
+    member of a team, runtime/teams.py, or an agent that says ``addressable: false``), from
+    any door but a handoff: HTTP, WebSocket, NATS ingress, a schedule, a channel. None when
+    it is taken."""
+    if addressable or source == HANDOFF:
+        return None
+    return Refused(
+        code="agent_not_addressable",
+        message=f"agent {agent_id!r} is a member of a team: it takes tasks only by handoff",
+        hint="send the message to its supervisor, or set addressable: true in its manifest",
+    )
+
+
 MAX_DEPTH = 64
 """How deeply a JSON body received at any door (HTTP, WebSocket, NATS) may nest arrays and
 objects. Every door checks it with :func:`too_deep` before decoding: msgspec would recurse about

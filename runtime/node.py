@@ -118,6 +118,11 @@ class Node:
 
     def agent_details(self) -> dict[str, AgentDetail]:
         found = dict(self._details)
+        for agent_id, supervisors in teams.supervisors(
+            {a: d.members for a, d in found.items()}
+        ).items():  # fmt: skip
+            if agent_id in found:
+                found[agent_id] = msgspec.structs.replace(found[agent_id], member_of=supervisors)
         if self.lifecycle is not None:  # stopped or not, and the version new turns run
             for agent_id, detail in found.items():
                 shown = self.lifecycle.shown(agent_id)

@@ -108,9 +108,10 @@ class Commands:
                 return Refused(code=e.code, message=e.message, hint=e.hint)
             if refused is not None:
                 return refused
-        # A stopped agent is refused by the node asked, as its session's owner refuses it.
-        if (stopped := self._engine.refusal(submit.agent_id)) is not None:
-            return stopped
+        # A stopped agent, or a team's member asked by anything but a handoff, is refused by the
+        # node asked, as its session's owner refuses it.
+        if (refused := self._engine.refusal(submit.agent_id, submit.source)) is not None:
+            return refused
         partition = self._own.partition(submit.agent_id, submit.session_key)
         reply = await self._route(partition, "submit", submit, timeout)
         if reply.accepted is not None:

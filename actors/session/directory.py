@@ -40,6 +40,7 @@ from actors.messages import (
     StopTurn,
     Submit,
     TurnContext,
+    not_addressable,
 )
 from actors.recall import Recalled
 from actors.session.actor import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
@@ -96,9 +97,13 @@ class SessionDirectory:
         the newest few of each kept: a turn resumed here runs on the version it started with
         when it is one of them (:meth:`agent_at`)."""
 
-    def refusal(self, agent_id: str) -> Refused | None:
-        """Why a new message for the agent is refused now (it is stopped), if it is."""
-        return lifecycle.refusal(self.lives.get(agent_id))
+    def refusal(self, agent_id: str, source: str | None = None) -> Refused | None:
+        """Why a new message for the agent from ``source`` is refused now, if it is: the agent
+        is stopped, or it is a team's member (not addressable) and the message is no handoff."""
+        if (stopped := lifecycle.refusal(self.lives.get(agent_id))) is not None:
+            return stopped
+        agent = self.agents.get(agent_id)
+        return None if agent is None else not_addressable(agent_id, agent.addressable, source)
 
     def agent_at(self, agent_id: str, version: str | None) -> Agent | None:
         """The agent at ``version``, if this node built it (None: not known here)."""
@@ -131,8 +136,8 @@ class SessionDirectory:
                 hint=f"known agents: {', '.join(sorted(self.agents))}",
                 field="agentId",
             )
-        if (stopped := self.refusal(submit.agent_id)) is not None:
-            return stopped
+        if (refused := self.refusal(submit.agent_id, submit.source)) is not None:
+            return refused
         if submit.deliver is not None:
             return _deliver_problem(self.agents[submit.agent_id], submit.deliver)
         return None
