@@ -169,12 +169,20 @@ class Lifecycle:
         self.lives[agent_id] = after
         if after.disabled != before.disabled:
             log.info("agent_state", agent=agent_id, status=after.status, by=after.disabled_by)
+            await self._hold_channels(agent_id, after.disabled)
         reloaded = after.reloaded
         if build and reloaded is not None and after.reloaded_position != before.reloaded_position:
             current = self._engine.agents.get(agent_id)
             if current is None or current.version != reloaded.version:
                 await self._adopt(agent_id, reloaded)
         return after
+
+    async def _hold_channels(self, agent_id: str, paused: bool) -> None:
+        """A stopped agent's channels fetch nothing (a bot's long poll pauses; its updates
+        wait at the provider) until it is started again."""
+        agent = self._engine.agents.get(agent_id)
+        for channel in agent.channels.values() if agent is not None else ():
+            await channel.pause(paused)
 
     async def _adopt(self, agent_id: str, reloaded: AgentReloaded) -> None:
         """Build the version another node recorded, from the text it recorded."""
