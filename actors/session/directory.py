@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -96,6 +97,9 @@ class SessionDirectory:
         """Every version of each agent this node built since it started, by (agent, version),
         the newest few of each kept: a turn resumed here runs on the version it started with
         when it is one of them (:meth:`agent_at`)."""
+        self.rebuild: Callable[[str, str], Awaitable[Agent | None]] | None = None
+        """Builds a version of an agent from the text the log holds of it (runtime/lifecycle.py
+        sets it): a turn resumed after the whole cluster restarted finds its version there."""
 
     def refusal(self, agent_id: str, source: str | None = None) -> Refused | None:
         """Why a new message for the agent from ``source`` is refused now, if it is: the agent
@@ -105,9 +109,15 @@ class SessionDirectory:
         agent = self.agents.get(agent_id)
         return None if agent is None else not_addressable(agent_id, agent.addressable, source)
 
-    def agent_at(self, agent_id: str, version: str | None) -> Agent | None:
-        """The agent at ``version``, if this node built it (None: not known here)."""
-        return None if version is None else self.versions.get((agent_id, version))
+    async def agent_at(self, agent_id: str, version: str | None) -> Agent | None:
+        """The agent at ``version``: one this node built, or else one :attr:`rebuild` builds
+        from the log (None: not known here nor on the record)."""
+        if version is None:
+            return None
+        found = self.versions.get((agent_id, version))
+        if found is None and self.rebuild is not None:
+            found = await self.rebuild(agent_id, version)
+        return found
 
     def live_sessions(self) -> set[tuple[str, str]]:
         """``(agent, session)`` of the session actors alive now (thread-safe)."""
