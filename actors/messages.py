@@ -56,6 +56,23 @@ class Cleared(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     session_key: str
 
 
+class SetPhase(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Move a session to a phase (``POST …/sessions/{key}/phase``): the session's owner appends
+    ``phase.changed`` (``by: api``), fenced and ordered like its other events."""
+
+    agent_id: str
+    session_key: str
+    to: str
+    left: str | None = None
+    """The phase it leaves, as the caller read it."""
+    tools: int = 0
+
+
+class PhaseMoved(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    session_key: str
+    phase: str
+
+
 class ForkSession(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Start session ``(agent_id, session_key)`` from the history of another session up to and
     including one of its turns (appends ``session.forked`` to the new session's stream; the
@@ -222,6 +239,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     cleared: Cleared | None = None
     resolved: Resolved | None = None
     forked: Forked | None = None
+    phase: PhaseMoved | None = None
     error: Refused | None = None
 
 
@@ -424,6 +442,8 @@ class CommandPath(Protocol):
     async def stop(self, stop: StopTurn, timeout: float = 10.0) -> StopResult | Refused: ...
 
     async def clear(self, clear: ClearSession, timeout: float = 10.0) -> Cleared | Refused: ...
+
+    async def set_phase(self, command: SetPhase, timeout: float = 10.0) -> PhaseMoved | Refused: ...
 
     async def resolve(
         self, resolve: ResolveApproval, timeout: float = 10.0

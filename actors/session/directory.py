@@ -32,11 +32,13 @@ from actors.messages import (
     ContextStep,
     Forked,
     ForkSession,
+    PhaseMoved,
     Refused,
     ResolveApproval,
     Resolved,
     Resume,
     SessionContext,
+    SetPhase,
     StopResult,
     StopTurn,
     Submit,
@@ -212,6 +214,15 @@ class SessionDirectory:
     async def _replay(self, turn_id: str, digest: str) -> Accepted | Refused | None:
         """The answer for a keyed request whose turn is already stored, or None if it is not."""
         return await idempotency.stored(self.store, turn_id, digest)
+
+    async def set_phase(self, command: SetPhase) -> PhaseMoved | Refused:
+        if command.agent_id not in self.agents:
+            return Refused(code="agent_not_found", message=f"no agent {command.agent_id!r}",
+                           hint="a node's agents are those it started with")  # fmt: skip
+        moved: PhaseMoved | Refused = await _once_stored(
+            self.session(command.agent_id, command.session_key), command
+        )
+        return moved
 
     async def clear(self, clear: ClearSession) -> Cleared | Refused:
         if clear.agent_id not in self.agents:
