@@ -132,6 +132,12 @@ NEEDS_DATA = frozenset({
     "POST /v1/stream-tokens",  # the agent and its turn or session are in the body
     FORK,  # a turn of the pinned session (index 1, or its id), no other agent named, a new key
     "DELETE /v1/keys/{key_id}",  # a key that exists (tests/test_keys.py revokes real ones)
+    # A subscription needs a URL that resolves to a public address (or an allowed one), and the
+    # others a subscription that exists (tests/test_webhooks.py makes real ones).
+    "POST /v1/webhooks",
+    "GET /v1/webhooks/{webhook_id}",
+    "GET /v1/webhooks/{webhook_id}/deliveries",
+    "DELETE /v1/webhooks/{webhook_id}",
 })  # fmt: skip
 # The server ignores query parameters it does not know (as v1 clients expect), and the token is
 # sent by the test (a token the generator made up can only be refused).
@@ -453,7 +459,8 @@ async def test_every_operation_refuses_a_missing_or_wrong_token(api_factory: Api
     api = await api_factory.start(tokens=["fuzz-secret"])
     labels = (await in_child(Job(kind="validate", url=api.url)))["operations"]
     values = {"agent": "assistant", "turn_id": "t-nope", "key": "k", "schedule": "s",
-              "channel": "telegram", "approval": "ap_nope", "key_id": "k"}  # fmt: skip
+              "channel": "telegram", "approval": "ap_nope", "key_id": "k",
+              "webhook_id": "wh_nope"}  # fmt: skip
     requests: list[Request] = []
     for label in labels:
         path = label.split(" ", 1)[1]

@@ -8,8 +8,8 @@ gateways/webhooks/channel.py.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-import socket
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -41,6 +41,8 @@ from gateways.webhooks.channel import new_secret
 from gateways.webhooks.target import TargetPolicy, refusal, resolve, url_problem
 
 NEEDS_UNSCOPED = "webhooks_need_unscoped_key"
+RESOLVE_S = 5.0
+"""How long a subscription's host may take to resolve."""
 STATUSES = ("pending", "in_flight", "delivered", "uncertain", "dead")
 _Text = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
@@ -135,8 +137,9 @@ async def _check_target(request: Request, url: str) -> None:
     parts = urlsplit(url)
     host = parts.hostname or ""
     try:
-        addresses = await resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
-    except (OSError, UnicodeError, socket.gaierror) as e:
+        async with asyncio.timeout(RESOLVE_S):
+            addresses = await resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
+    except (OSError, ValueError, TimeoutError) as e:
         raise ApiError(400, "webhook_target_unresolved", f"{host} does not resolve: {e}",
                        "use a host name the node can resolve", "url") from e  # fmt: skip
     why = refusal(policy_of(request), host, addresses)
