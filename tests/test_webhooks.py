@@ -295,3 +295,38 @@ async def test_a_failing_receiver_goes_dead_after_the_bound_and_shows_it(
             assert len(dead) == 2
             assert await _deliveries(http, sub["webhookId"], status="delivered") == []
     assert len(receiver.received) == 6  # three attempts each, then no more
+
+
+@pytest.mark.asyncio
+async def test_two_nodes_the_fan_out_moves_with_its_lease_and_nothing_repeats(
+    api_factory: ApiFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISPACH_WEBHOOK_ALLOW", "127.0.0.0/8")
+    for name, value in FAST.items():
+        monkeypatch.setenv(name, value)
+    first = await api_factory.start(outbox_poll_seconds=0.1)
+    second = await api_factory.start(outbox_poll_seconds=0.1)
+    with EventReceiver() as receiver:
+        async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
+            sub = await _subscribe(http, receiver.url, events=["turn.start", "turn.end"])
+            await _turn(http, "on the first node")
+        # The first node leaves (handing its leases over, the fan-out's among them).
+        await first.stop()
+        await first.node.stop()
+        api_factory.started.remove(first)
+        api_factory.nodes.started.remove(first.node)
+        async with httpx.AsyncClient(base_url=second.url, timeout=30) as http:
+            await _turn(http, "on the second node")
+            await _turn(http, "and again")
+            log = await _log(second)
+            created = next(e for e in log if e.type == "webhook.created")
+            wanted = [str(e.event_id) for e in log if e.checkpoint > created.checkpoint
+                      and e.type in ("turn.start", "turn.end")]  # fmt: skip
+            assert len(wanted) == 6
+            await _wait(receiver, lambda r: len(r) >= len(wanted))
+            await asyncio.sleep(1.0)
+            got = receiver.received
+            assert [g.body["event"]["id"] for g in got] == wanted
+            assert not any(g.redelivery for g in got)
+            pages = await _deliveries(http, sub["webhookId"])
+            assert [d["status"] for d in pages] == ["delivered"] * 6
