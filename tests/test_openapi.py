@@ -90,6 +90,15 @@ BY_DATA = frozenset(
     {
         ("GET /v1/agents/{agent}/turns", "turns_page_invalid", "before"),
         ("POST /v1/agents/{agent}/messages", "deliver_invalid", "deliver.channel"),
+        # A webhook's URL must parse as one, and its host resolve to an address the node allows.
+        *(
+            ("POST /v1/webhooks", code, "url")
+            for code in (
+                "webhook_url_invalid",
+                "webhook_target_unresolved",
+                "webhook_target_refused",
+            )
+        ),
         # A fork names a new session: one an earlier generated fork made is taken.
         (FORK, "session_exists", "newKey"),
         # Usage: a date the pattern admits may not be on the calendar (02-30), `to` must come

@@ -47,6 +47,14 @@ def pattern_problem(pattern: str) -> tuple[str, str] | None:
     return None
 
 
+def subscribable() -> list[str]:
+    """Every pattern a subscription may name: ``*``, each prefix, each type (the document's
+    enum)."""
+    types = sorted(t for t in REGISTRY if t not in NEVER)
+    prefixes = sorted({t.rsplit(".", 1)[0] + ".*" for t in types if "." in t})
+    return ["*", *prefixes, *types]
+
+
 def matches(patterns: Iterable[str], type_name: str) -> bool:
     if type_name in NEVER:
         return False

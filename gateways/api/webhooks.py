@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from actors.messages import Refused
-from actors.webhooks.plan import pattern_problem
+from actors.webhooks.plan import pattern_problem, subscribable
 from eventstore import NO_STREAM, Metadata, NewEvent, StoreError, streams
 from eventstore import webhooks as table
 from eventstore.events_webhooks import WebhookCreated, WebhookDeleted
@@ -45,13 +45,18 @@ RESOLVE_S = 5.0
 """How long a subscription's host may take to resolve."""
 STATUSES = ("pending", "in_flight", "delivered", "uncertain", "dead")
 _Text = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+_Pattern = Annotated[str, msgspec.Meta(min_length=1, max_length=200,
+                                       extra_json_schema={"enum": subscribable()})]  # fmt: skip
 
 
 class WebhookBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/webhooks``."""
 
-    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
-    events: Annotated[list[_Text], msgspec.Meta(min_length=1, max_length=100)]
+    url: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=2000, pattern="^[Hh][Tt][Tt][Pp][Ss]?://")
+    ]
+    """http(s); its host must resolve to a public address (or one the node allows)."""
+    events: Annotated[list[_Pattern], msgspec.Meta(min_length=1, max_length=100)]
     """Event types, prefixes (``turn.*``) or ``*``; never ``model.chunk``."""
     agents: Annotated[list[_Text], msgspec.Meta(min_length=1, max_length=100)] | None = None
     """Only these agents' events; absent: every agent's (and events of no agent)."""
