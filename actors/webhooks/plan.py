@@ -68,7 +68,11 @@ def own(event: RecordedEvent) -> bool:
     """The webhooks' own traffic: never fanned out."""
     if event.category == _FEED:
         return True
-    return event.type.startswith("delivery.") and getattr(event.data, "channel_id", "") == CHANNEL
+    return (
+        event.type.startswith("delivery.")
+        and event.metadata.agent_id is None  # an agent's own channel may be named so too
+        and getattr(event.data, "channel_id", "") == CHANNEL
+    )
 
 
 def wants(sub: Live, event: RecordedEvent) -> bool:
