@@ -56,7 +56,7 @@ from gateways.http.keys import KeyRing
 from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
 from gateways.ingress import Ingress
 from gateways.toolsources import KINDS
-from runtime import credentials, manifest, skills, teams
+from runtime import credentials, manifest, skills, teams, webhooks
 from runtime.config import Settings, nats_servers
 from runtime.details import agent_detail
 from runtime.embedded import EmbeddedServices
@@ -115,6 +115,8 @@ class Node:
         self._started = time.monotonic()
         self.accept_timeout = settings.accept_timeout_seconds
         self.prices = prices.load(os.environ)
+        self.webhook_policy = webhooks.policy(os.environ)  # the API checks targets against it
+        self._webhooks: Channel | None = None  # the outbox channel of event webhooks
         """The price table usage is costed with (actors/prices.py; a bad override fails here)."""
 
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
@@ -146,6 +148,8 @@ class Node:
         return skills.listed(agent) if agent is not None else None
 
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:
+        if not agent_id and channel_id == webhooks.CHANNEL:  # no agent's: the subscriptions'
+            return self._webhooks
         agent = self.agents.get(agent_id)
         return agent.channels.get(channel_id) if agent is not None else None
 
@@ -286,6 +290,7 @@ class Node:
                         functools.partial(channel.start, host),
                         channel.stop,
                     )
+        self._webhooks = webhooks.start(os.environ, store, feed, ownership)
         # Partitions are opened (fenced, their unfinished turns resumed) as their leases come.
         await ownership.start(self.engine, store)
         # The outbox recovers in-doubt items before it sends anything, once the members are
@@ -553,6 +558,8 @@ class Node:
         for actor in (self.scheduler, self._outbox):  # both answer DRAIN with a future
             if actor is not None:
                 await _settle(actor, DRAIN, timeout)
+        if self._webhooks is not None:  # the outbox sends through it no more
+            await self._webhooks.aclose()
 
 
 async def _tell(actor: pykka.ActorRef[Any], message: object) -> None:
