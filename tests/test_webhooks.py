@@ -16,8 +16,8 @@ import pytest
 
 from actors.webhooks.plan import backoff_schedule, item_key, matches, pattern_problem
 from eventstore import START
+from eventstore.catalogue import WebhookCreated
 from eventstore.envelope import RecordedEvent
-from eventstore.events_webhooks import WebhookCreated
 from gateways.webhooks.target import TargetPolicy, refusal, url_problem
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes.event_receiver import EventReceiver, Got, verify

@@ -23,8 +23,8 @@ from actors.webhooks import plan
 from eventstore import ANY, EventStore, NewEvent, StoreError, streams
 from eventstore import webhooks as table
 from eventstore.bridge import settled
+from eventstore.catalogue import WebhookCreated, WebhookDeleted
 from eventstore.envelope import RecordedEvent
-from eventstore.events_webhooks import WebhookCreated, WebhookDeleted
 from eventstore.feed import Feed, Scope
 from eventstore.webhooks import Live
 

@@ -382,6 +382,3 @@ register(
     HandoffStart,
     HandoffResult,
 )
-
-# Outbound webhooks' events live in their own module (kept apart for merges); re-exported here.
-from eventstore.events_webhooks import WebhookCreated, WebhookDeleted  # noqa: E402, F401

@@ -9,9 +9,8 @@ from collections.abc import Iterable
 import msgspec
 
 from eventstore import streams
-from eventstore.catalogue import DeliveryEnqueued
+from eventstore.catalogue import DeliveryEnqueued, WebhookCreated, WebhookDeleted
 from eventstore.envelope import RecordedEvent
-from eventstore.events_webhooks import WebhookCreated, WebhookDeleted
 from eventstore.projector import Statement
 
 

@@ -21,7 +21,7 @@ from actors.messages import Refused
 from actors.webhooks.plan import pattern_problem, subscribable
 from eventstore import NO_STREAM, Metadata, NewEvent, StoreError, streams
 from eventstore import webhooks as table
-from eventstore.events_webhooks import WebhookCreated, WebhookDeleted
+from eventstore.catalogue import WebhookCreated, WebhookDeleted
 from eventstore.webhooks import WebhookRow
 from gateways.api.common import (
     MAX_PAGE,

@@ -94,6 +94,9 @@ class SubscriptionChannel:
     async def stop(self) -> None:
         return None
 
+    async def pause(self, paused: bool) -> None:
+        return None  # nothing comes in
+
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
