@@ -115,9 +115,9 @@ class Node:
         self._started = time.monotonic()
         self.accept_timeout = settings.accept_timeout_seconds
         self.prices = prices.load(os.environ)
+        """The price table usage is costed with (actors/prices.py; a bad override fails here)."""
         self.webhook_policy = webhooks.policy(os.environ)  # the API checks targets against it
         self._webhooks: Channel | None = None  # the outbox channel of event webhooks
-        """The price table usage is costed with (actors/prices.py; a bad override fails here)."""
 
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
