@@ -466,7 +466,7 @@ class Node:
         # both over at once): wake this node's readers, then tell the other nodes.
         if self.feed is not None:
             self.feed.remember(committed)  # a reader of a turn run here starts from memory
-        if self.store is not None and (self.feed is None or self.feed.tails_own_commits):
+        if self.store is not None and self._wakes_store():
             self.store.hints.notify(committed[-1].checkpoint)
         if self._hints is not None:
             self._background(self._hints.publish(committed))
@@ -474,6 +474,15 @@ class Node:
         if promised and self._outbox is not None:
             self._outbox.tell(KICK)  # a reply was promised: send it now, not at the next poll
             self._background(self._kick_others(promised))
+
+    def _wakes_store(self) -> bool:
+        """Whether this node's own commits wake the store's subscribers: always without a feed;
+        with one, when its tail must read them (a reader memory does not serve) or when the
+        store has a subscriber besides that tail (an in-process reader of the whole log)."""
+        feed, store = self.feed, self.store
+        if feed is None or store is None:
+            return True
+        return feed.tails_own_commits or store.subscribers > (1 if feed.tailing else 0)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
