@@ -96,7 +96,7 @@ from actors.context.load import load
 from actors.messages import Refused
 from actors.model import Completed, ModelRequest
 from eventstore import EventStore
-from gateways.ingress import IngressMessage, submit
+from gateways.ingress import IngressMessage, request
 from gateways.model import AnthropicModel
 from runtime.node import Node
 
@@ -217,8 +217,8 @@ async def turn(node: Node, ends: Ends, i: int, driven: Driven) -> None:
     """Turn ``i`` of the session (0-based), once the one before has ended."""
     assert node.nc is not None
     t0 = perf()
-    result = await submit(node.nc, AGENT, IngressMessage(text=request_text(i),
-                                                         session_key=SESSION))  # fmt: skip
+    result = await request(node.nc, AGENT, IngressMessage(text=request_text(i),
+                                                          session_key=SESSION))  # fmt: skip
     match result:
         case Refused(code=code, message=message):
             raise RuntimeError(f"the node refused a bench message: {code}: {message}")
