@@ -61,12 +61,14 @@ from _report import (
     perf,
     print_rows,
     print_table,
-    proc_status,
     run_loop,
     section,
     servers,
     watch_ends,
 )
+
+# isort: split
+from _procstat import proc_status
 
 # isort: split
 import argparse
