@@ -1,4 +1,4 @@
-"""API keys at rest: the ``api_keys`` table (migrations/0016_api_keys.sql), read and written on
+"""API keys at rest: the ``api_keys`` table (migrations/0020_api_keys.sql), read and written on
 the event loop. Only a salted digest of each secret is here; minting, verifying and caching keys
 is the gateway's (gateways/http/keys.py). Driver errors leave as ``StoreUnavailable``.
 """
