@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import structlog
 
-from actors.messages import Accepted, CommandPath, Submit
+from actors.messages import Accepted, CommandPath, Submit, not_addressable
 from actors.outbox import InboundMessage
 from actors.session.directory import SessionDirectory
 from eventstore import ANY, Metadata, NewEvent, StoreError, streams
@@ -43,6 +43,10 @@ class ChannelHost:
                                f'add "{message.sender_id}" to allow_from of channel '
                                f"{message.channel_id!r} in agents/{self._agent_id}.yaml "
                                '(or "*" to admit anyone)')  # fmt: skip
+            return
+        closed = not_addressable(self._agent_id, agent.addressable, None)
+        if closed is not None:  # a team's member: its work comes from its supervisor only
+            await self._reject(message, session_key, "refused", closed.message, closed.hint)
             return
         if message.text is None:
             await self._reject(message, session_key, "unsupported",

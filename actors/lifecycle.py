@@ -63,6 +63,19 @@ def fold(life: Life, events: Iterable[RecordedEvent]) -> Life:
     return life
 
 
+def text_of(events: Iterable[object], version: str) -> str | None:
+    """The manifest text of ``version`` as an agent's stream records it: a reload's own, or the
+    one a reload replaced (the newest record wins); None when it holds none."""
+    found: str | None = None
+    for event in events:
+        if isinstance(event, AgentReloaded):
+            if event.version == version and event.manifest:
+                found = event.manifest
+            elif event.previous == version and event.previous_manifest:
+                found = event.previous_manifest
+    return found
+
+
 def stop(life: Life, by: str, reason: str | None, node: str) -> list[AgentStopped]:
     """What a stop appends: nothing when the agent is stopped already (a stop is idempotent;
     the first one's time, caller and reason stand)."""

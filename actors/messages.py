@@ -56,6 +56,23 @@ class Cleared(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     session_key: str
 
 
+class SetPhase(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """Move a session to a phase (``POST …/sessions/{key}/phase``): the session's owner appends
+    ``phase.changed`` (``by: api``), fenced and ordered like its other events."""
+
+    agent_id: str
+    session_key: str
+    to: str
+    left: str | None = None
+    """The phase it leaves, as the caller read it."""
+    tools: int = 0
+
+
+class PhaseMoved(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    session_key: str
+    phase: str
+
+
 class ForkSession(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Start session ``(agent_id, session_key)`` from the history of another session up to and
     including one of its turns (appends ``session.forked`` to the new session's stream; the
@@ -88,6 +105,25 @@ class Refused(msgspec.Struct, frozen=True, kw_only=True):
     field: str | None = None
     retry_after: float | None = None
     """Seconds after which the same command may succeed (a budget's reset), when known."""
+
+
+HANDOFF = "handoff"
+"""The source of a member's turn asked for by its supervisor's ``handoff`` call: the one way
+into an agent that is not addressable. No door takes it from outside (gateways/ingress.py)."""
+
+
+def not_addressable(agent_id: str, addressable: bool, source: str | None) -> Refused | None:
+    """The refusal of a message to an agent that takes work only from its supervisor (a
+    member of a team, runtime/teams.py, or an agent that says ``addressable: false``), from
+    any door but a handoff: HTTP, WebSocket, NATS ingress, a schedule, a channel. None when
+    it is taken."""
+    if addressable or source == HANDOFF:
+        return None
+    return Refused(
+        code="agent_not_addressable",
+        message=f"agent {agent_id!r} is a member of a team: it takes tasks only by handoff",
+        hint="send the message to its supervisor, or set addressable: true in its manifest",
+    )
 
 
 MAX_DEPTH = 64
@@ -203,6 +239,7 @@ class Reply(msgspec.Struct, frozen=True, omit_defaults=True):
     cleared: Cleared | None = None
     resolved: Resolved | None = None
     forked: Forked | None = None
+    phase: PhaseMoved | None = None
     error: Refused | None = None
 
 
@@ -405,6 +442,8 @@ class CommandPath(Protocol):
     async def stop(self, stop: StopTurn, timeout: float = 10.0) -> StopResult | Refused: ...
 
     async def clear(self, clear: ClearSession, timeout: float = 10.0) -> Cleared | Refused: ...
+
+    async def set_phase(self, command: SetPhase, timeout: float = 10.0) -> PhaseMoved | Refused: ...
 
     async def resolve(
         self, resolve: ResolveApproval, timeout: float = 10.0

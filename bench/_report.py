@@ -351,57 +351,6 @@ def tail(log: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-def proc_status(pid: int) -> dict[str, int]:
-    """VmRSS, VmHWM (kB) and Threads of a live process."""
-    found: dict[str, int] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for row in f:
-            if row.startswith(("VmRSS:", "VmHWM:", "Threads:")):
-                name, value = row.split(":", 1)
-                found[name] = int(value.split()[0])
-    return found
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a live process so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU of a process and its children, live (read from /proc) and reaped (its cutime and
-    cstime): a postmaster and its backends, say."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(entry.name) == pid:
-                total += sum(int(v) for v in fields[11:15]) / tick
-            elif int(fields[1]) == pid:
-                total += (int(fields[11]) + int(fields[12])) / tick
-    return total
-
-
-def machine_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine since boot, from /proc/stat: the busy share
-    over a window says whether the cores were saturated (by us or by other work)."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    total = sum(values[:8])  # guest time is already counted in user
-    return total - idle, total
-
-
-def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """The machine's busy fraction between two ``machine_ticks`` readings (1.0: every core)."""
-    total = after[1] - before[1]
-    return (after[0] - before[0]) / total if total else math.nan
-
-
 def drop_schemas(url: str, schemas: Iterable[str]) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         for schema in schemas:

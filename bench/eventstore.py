@@ -1,4 +1,3 @@
-# ruff: noqa: E402 - the imports below must follow the sys.path fix
 """Benchmark of the event store against raw psycopg, in one run, on one database.
 
     .venv/bin/python bench/eventstore.py [--quick] [--keep]
@@ -20,53 +19,12 @@ eventstore-notes "Goal numbers" (append p50 <= 0.5 ms, p99 <= 2 ms; batched >= 1
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This file is named like the package it measures; Python puts its directory first on the import
-# path, where ``import eventstore`` would find this script instead of the package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
-import argparse
-import asyncio
-import contextlib
-import logging
-import queue
-import secrets
-import threading
-import time
-import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
-
-import msgspec
-import nats
-import psycopg
-import structlog
-from psycopg import sql
-
-from eventstore import (
-    NO_STREAM,
-    START,
-    AppendResult,
-    EventStore,
-    Metadata,
-    NatsHints,
-    NewEvent,
-    RecordedEvent,
-)
-from eventstore._sql import load
-from eventstore.catalogue import ModelChunk
-
-# Shared helpers live beside this script; appended last, so the packages above win any clash.
-sys.path.append(str(_HERE))
+# First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
     INSERT,
     Goal,
     Line,
+    drop_schemas,
     line,
     machine_facts,
     ms,
@@ -82,12 +40,43 @@ from _report import (
     servers,
 )
 
-TEXT = "The quick brown fox jumps over the lazy dog. " * 3 + "Pack my box with five dozen."
-TYPE = ModelChunk.TYPE
-# The same JSON the store writes for the event's data, built without Dispach code.
-PAYLOAD = msgspec.json.encode({"delta": TEXT, "kind": "text"}).decode()
-AGENT = "bench"
-SESSION = "bench-session"
+# isort: split
+from _storeops import (
+    PAGE,
+    PAYLOAD,
+    SEED_BATCH,
+    TYPE,
+    Throughput,
+    append_latency,
+    fresh_stream,
+    new_event,
+    read_async,
+    read_plan,
+    read_sql_only,
+    read_sync,
+    seed,
+    throughput,
+)
+
+# isort: split
+import argparse
+import asyncio
+import contextlib
+import logging
+import queue
+import secrets
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import nats
+import psycopg
+import structlog
+
+from eventstore import NO_STREAM, AppendResult, EventStore, NatsHints, RecordedEvent
 
 
 @dataclass(frozen=True)
@@ -103,26 +92,6 @@ class Plan:
 FULL = Plan(5.0, 3000, 8.0, 1.0, 100_000, 3000)
 QUICK = Plan(0.5, 200, 1.0, 0.2, 5_000, 150)
 WRITERS = (1, 8, 64)
-SEED_BATCH = 100
-PAGE = 1000
-
-
-# --- small helpers -------------------------------------------------------------------------------
-
-
-def new_event(turn: str) -> NewEvent:
-    return NewEvent(
-        event=ModelChunk(delta=TEXT),
-        metadata=Metadata(agent_id=AGENT, session_key=SESSION, turn_id=turn),
-    )
-
-
-def fresh_stream() -> tuple[str, str]:
-    turn = uuid.uuid4().hex
-    return f"turn-{turn}", turn
-
-
-# --- machine facts -------------------------------------------------------------------------------
 
 
 # --- raw psycopg baselines -----------------------------------------------------------------------
@@ -162,144 +131,6 @@ def raw_read(url: str, schema: str) -> tuple[int, float]:
             last = rows[-1][2]
             conn.commit()
         return n, perf() - start
-
-
-# --- the store -----------------------------------------------------------------------------------
-
-
-def append_latency(store: EventStore, n: int, *, one_stream: bool) -> list[float]:
-    latencies = []
-    stream, turn = fresh_stream()
-    expected = NO_STREAM
-    for _ in range(n):
-        if not one_stream:
-            stream, turn = fresh_stream()
-        events = [new_event(turn)]
-        t0 = perf()
-        result = store.submit(
-            stream, events, expected if one_stream else NO_STREAM, blocking=True
-        ).result()
-        latencies.append(perf() - t0)
-        expected = result.version
-    return latencies
-
-
-@dataclass(frozen=True)
-class Throughput:
-    writers: int
-    appends: int
-    seconds: float
-    p50: float
-    p99: float
-    commands_per_batch: float
-
-    @property
-    def rate(self) -> float:
-        return self.appends / self.seconds
-
-
-def throughput(store: EventStore, writers: int, seconds: float, warmup: float) -> Throughput:
-    """``writers`` threads, each appending one event at a time to its own stream (exact
-    expected version, like a session actor), through the shared group-commit writer."""
-    stop = threading.Event()
-    barrier = threading.Barrier(writers + 1)
-    done: list[list[tuple[float, float]]] = [[] for _ in range(writers)]
-    failures: list[BaseException] = []
-
-    def writer(k: int) -> None:
-        stream, turn = fresh_stream()
-        expected = NO_STREAM
-        mine = done[k]
-        barrier.wait()
-        try:
-            while not stop.is_set():
-                events = [new_event(turn)]
-                t0 = perf()
-                expected = store.submit(stream, events, expected, blocking=True).result().version
-                t1 = perf()
-                mine.append((t1, t1 - t0))
-        except BaseException as e:
-            failures.append(e)
-
-    threads = [threading.Thread(target=writer, args=(k,), daemon=True) for k in range(writers)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    time.sleep(warmup)
-    w = store._writer
-    batches0, commands0 = w.batches, w.commands
-    window_start = perf()
-    time.sleep(seconds)
-    window_end = perf()
-    batches1, commands1 = w.batches, w.commands
-    stop.set()
-    for t in threads:
-        t.join(30)
-    if failures:
-        raise failures[0]
-    inside = [lat for mine in done for (at, lat) in mine if window_start <= at < window_end]
-    return Throughput(
-        writers,
-        len(inside),
-        window_end - window_start,
-        pct(inside, 50),
-        pct(inside, 99),
-        (commands1 - commands0) / max(1, batches1 - batches0),
-    )
-
-
-def seed(store: EventStore, total: int) -> tuple[int, float]:
-    """Appends of SEED_BATCH events each, one caller, each to a new stream."""
-    appends = []
-    for _ in range(total // SEED_BATCH):
-        stream, turn = fresh_stream()
-        appends.append((stream, [new_event(turn) for _ in range(SEED_BATCH)]))
-    start = perf()
-    for stream, events in appends:
-        store.submit(stream, events, NO_STREAM, blocking=True).result()
-    return len(appends) * SEED_BATCH, perf() - start
-
-
-def read_sync(store: EventStore) -> tuple[int, float]:
-    n, checkpoint = 0, START
-    start = perf()
-    while page := store.read_all(checkpoint, PAGE):
-        n += len(page)
-        checkpoint = page[-1].checkpoint
-    return n, perf() - start
-
-
-async def read_async(store: EventStore) -> tuple[int, float]:
-    n, checkpoint = 0, START
-    start = perf()
-    while page := await store.aread_all(checkpoint, PAGE):
-        n += len(page)
-        checkpoint = page[-1].checkpoint
-    return n, perf() - start
-
-
-def read_sql_only(store: EventStore) -> tuple[int, float]:
-    """The store's read_all query and fetch, without decoding rows: where the read time goes."""
-    query = load("read_all").encode()
-    n, txid, position = 0, 0, 0
-    start = perf()
-    while True:
-        with store.pool.connection() as conn:
-            params = {"txid": txid, "position": position, "limit": PAGE}
-            rows = conn.execute(query, params).fetchall()
-        if not rows:
-            break
-        n += len(rows)
-        txid, position = int(rows[-1][3]), rows[-1][2]
-    return n, perf() - start
-
-
-def read_plan(store: EventStore) -> str:
-    with store.pool.connection() as conn:
-        rows = conn.execute(
-            b"EXPLAIN " + load("read_all").encode(), {"txid": 0, "position": 0, "limit": PAGE}
-        ).fetchall()
-    return " / ".join(str(r[0]).strip() for r in rows[:3])
 
 
 @dataclass(frozen=True)
@@ -582,7 +413,7 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
         await nats_hints.stop()
         await nc.close()
         if not keep:
-            await asyncio.to_thread(drop_schema, url, schema)
+            await asyncio.to_thread(drop_schemas, url, [schema])
 
     section("results (ratio = ours / baseline)")
     print(
@@ -592,11 +423,6 @@ async def bench(url: str, nats_url: str, plan: Plan, data_dir: Path | None, keep
         " rows = raw INSERT+COMMIT -> NATS publish -> woken reader SELECTs the row"
     )
     print_table(lines)
-
-
-def drop_schema(url: str, schema: str) -> None:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def main() -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 # First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
     RawSingle,
-    cpu_seconds,
     drop_schemas,
     free_port,
     machine_facts,
@@ -44,7 +43,6 @@ from _report import (
     nats_version,
     perf,
     print_rows,
-    proc_status,
     rate,
     raw_setup,
     raw_single,
@@ -55,6 +53,9 @@ from _report import (
     tail,
     wait_ready,
 )
+
+# isort: split
+from _procstat import cpu_seconds, proc_status
 
 # isort: split
 import argparse

@@ -44,82 +44,44 @@ from _report import (
     Line,
     RawSingle,
     Servers,
-    busy_share,
-    cpu_seconds,
     drop_schemas,
     free_port,
     line,
     machine_facts,
-    machine_ticks,
     ms,
     nats_version,
     perf,
     print_table,
-    proc_status,
     rate,
     raw_setup,
     raw_single,
     run_loop,
     section,
     servers,
-    stop_server,
-    tail,
-    tree_cpu,
-    wait_ready,
 )
+
+# isort: split
+from _outbox_items import AGENT, Settled, seed, settled, wait_settled
+from _outbox_rig import DISPACH, Meter, Node, Receiver, Rig, Usage, log_summary
+from _procstat import cpu_seconds, proc_status
+from _profile import package_area, print_areas, print_top, raw_stats, total_time
 
 # isort: split
 import argparse
 import asyncio
 import contextlib
-import json
-import math
-import multiprocessing
 import os
 import pstats
 import secrets
 import shutil
 import signal
 import socket
-import sys
 import tempfile
-import time
-from collections import Counter, defaultdict, deque
-from concurrent.futures import Future
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
 
-import psycopg
-
-DISPACH = Path(sys.executable).parent / "dispach"
 SECRET = "bench-webhook-secret-0123456789"
-AGENT = "bench"
-PER_TURN = 10
 UNCERTAIN_SHARE = 0.01
-IN_FLIGHT = 2_000
-"""Appends the bench keeps queued in its writer (its queue holds 10,000)."""
-TEXT = ("The outbox drains replies to their channels; this is one chunk of one of them. " * 3)[:200]
-PROFILED = """\
-import cProfile, runpy, signal, sys
-profile, out, script = cProfile.Profile(), sys.argv[1], sys.argv[2:]
-def on(*_):
-    profile.enable()
-def off(*_):
-    profile.disable()
-    profile.dump_stats(out)
-signal.signal(signal.SIGUSR1, on)
-signal.signal(signal.SIGUSR2, off)
-sys.argv = ["dispach", "serve"]
-if script:
-    runpy.run_path(script[0], run_name="__main__")
-else:
-    from runtime.cli import main
-    main()
-"""
-"""The node under cProfile, switched on by SIGUSR1 and dumped by SIGUSR2 (the event-loop thread
-only: it is the one that runs the signal handlers)."""
 
 
 @dataclass(frozen=True)
@@ -135,278 +97,6 @@ class Plan:
 
 FULL = Plan(10_000, 3.0)
 QUICK = Plan(2_000, 0.5)
-
-
-# --- the receiver, in a process of its own -------------------------------------------------------
-
-
-def _serve_receiver(conn: Connection, secret: str) -> None:
-    """The child: a WebhookReceiver, answering "tally" on the pipe until "stop"."""
-    from tests.fakes.webhook_receiver import WebhookReceiver
-
-    with WebhookReceiver(secret) as receiver:
-        conn.send(receiver.url)
-        while conn.recv() != "stop":
-            got = receiver.received
-            conn.send({
-                "requests": len(got),
-                "kept": len(receiver.kept),
-                "duplicates": sum(r.duplicate for r in got),
-                "uncertain": sum(r.headers.get("x-dispach-uncertain") == "1" for r in got),
-                "not_200": sum(r.status != 200 for r in got),
-                "errors": len(receiver.errors),
-            })  # fmt: skip
-
-
-class Receiver:
-    def __init__(self, secret: str) -> None:
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(
-            target=_serve_receiver, args=(child, secret), name="webhook-receiver", daemon=True
-        )
-        self._process.start()
-        child.close()
-        self.url: str = self._conn.recv()
-
-    @property
-    def pid(self) -> int:
-        assert self._process.pid is not None
-        return self._process.pid
-
-    def tally(self) -> dict[str, int]:
-        self._conn.send("tally")
-        found: dict[str, int] = self._conn.recv()
-        return found
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self._conn.send("stop")
-        self._process.join(10)
-        if self._process.is_alive():
-            self._process.kill()
-
-
-# --- the items -----------------------------------------------------------------------------------
-
-
-def seed(store: Any, batch: str, items: int, in_doubt: int = 0, dead_node: str = "") -> None:
-    """Append ``items`` outbox items in fake turns of session ``batch`` (one append each,
-    interleaved across turn streams so the writer can group them), then a ``delivery.attempted``
-    by ``dead_node`` for the first ``in_doubt`` of them: sends a node left without an answer when
-    it died (recovery resends an attempt at once only when its node is surely gone)."""
-    from actors.ids import turn_id
-    from actors.outbox.plan import item_key
-    from eventstore import NO_STREAM, Metadata, NewEvent, streams
-    from eventstore.catalogue import Deliver, DeliveryAttempted, DeliveryEnqueued
-
-    turns = [turn_id() for _ in range(math.ceil(items / PER_TURN))]
-    queued: deque[Future[Any]] = deque()
-    doubtful: list[tuple[str, Metadata]] = []
-    for index in range(items):
-        turn = turns[index % len(turns)]
-        meta = Metadata(agent_id=AGENT, session_key=batch, turn_id=turn)
-        deliver = Deliver(channel="hooks", to=f"r{index // len(turns)}")
-        key = item_key(AGENT, batch, turn, deliver, 0)
-        event = DeliveryEnqueued(channel_id="hooks", to=deliver.to, key=key, chunk_index=0,
-                                 chunk_total=1, text=TEXT)  # fmt: skip
-        queued.append(store.submit(streams.turn(turn), [NewEvent(event=event, metadata=meta)]))
-        if len(doubtful) < in_doubt:
-            doubtful.append((key, meta))
-        while len(queued) >= IN_FLIGHT:
-            queued.popleft().result(60)
-    while queued:
-        queued.popleft().result(60)
-    for key, meta in doubtful:
-        claim = DeliveryAttempted(channel_id="hooks", chunk_index=0, chunk_total=1, attempt=1,
-                                  node=dead_node)  # fmt: skip
-        queued.append(
-            store.submit(streams.outbox(key), [NewEvent(event=claim, metadata=meta)], NO_STREAM)
-        )
-    while queued:
-        queued.popleft().result(60)
-
-
-@dataclass(frozen=True)
-class Settled:
-    """One batch's outbox rows once every item is settled (DB clock, epoch seconds)."""
-
-    sent: int
-    unsent: int
-    uncertain: int
-    first_enqueued: float
-    last_enqueued: float
-    first_sent: float
-    last_sent: float
-    latency_p50: float
-    latency_p99: float
-
-
-_SETTLED = """
-SELECT count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status <> 'sent'),
-       count(*) FILTER (WHERE uncertain),
-       extract(epoch FROM min(created_at))::float8, extract(epoch FROM max(created_at))::float8,
-       extract(epoch FROM min(updated_at) FILTER (WHERE status = 'sent'))::float8,
-       extract(epoch FROM max(updated_at) FILTER (WHERE status = 'sent'))::float8,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at))
-           FILTER (WHERE status = 'sent'),
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM updated_at - created_at))
-           FILTER (WHERE status = 'sent')
-  FROM outbox WHERE session_key = %s
-"""
-# The partial index outbox_due_idx holds exactly the unsettled rows: cheap to poll every 20 ms.
-_UNSETTLED = "SELECT count(*) FROM outbox WHERE status IN ('pending', 'inflight')"
-
-
-async def wait_settled(
-    url: str, schema: str, limit: float, seeding: asyncio.Future[None] | None = None
-) -> float:
-    """Poll every 20 ms until the seeding (if any) is done and no item is unsettled; returns the
-    perf() time it was seen."""
-    async with await psycopg.AsyncConnection.connect(
-        url, autocommit=True, options=f"-c search_path={schema}"
-    ) as conn:
-        started = perf()
-        while perf() - started < limit:
-            row = await (await conn.execute(_UNSETTLED)).fetchone()
-            if seeding is None or seeding.done():
-                if seeding is not None:
-                    seeding.result()  # raise what the seeding raised
-                if row is not None and row[0] == 0:
-                    return perf()
-            await asyncio.sleep(0.02)
-    raise SystemExit(f"the outbox did not settle in {limit:.0f} s")
-
-
-def settled(url: str, schema: str, batch: str) -> Settled:
-    with psycopg.connect(url, autocommit=True, options=f"-c search_path={schema}") as conn:
-        row = conn.execute(_SETTLED.encode(), (batch,)).fetchone()
-    assert row is not None
-    sent, unsent, uncertain, *times = row
-    return Settled(sent, unsent, uncertain, *(math.nan if v is None else float(v) for v in times))
-
-
-# --- the node ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Node:
-    env: dict[str, str]
-    base: str
-    log: Path
-    script: Path | None = None
-    process: asyncio.subprocess.Process | None = None
-    started_wall: float = 0.0
-    started: float = 0.0
-
-    async def start(self, profile_to: Path | None = None) -> float:
-        """Start a ``dispach serve``; returns seconds from the process start to ready."""
-        argv = [str(DISPACH), "serve"]
-        if self.script is not None:
-            argv = [sys.executable, str(self.script)]
-        if profile_to is not None:
-            script = [] if self.script is None else [str(self.script)]
-            argv = [sys.executable, "-c", PROFILED, str(profile_to), *script]
-        self.started_wall, self.started = time.time(), perf()
-        with self.log.open("ab") as sink:
-            self.process = await asyncio.create_subprocess_exec(
-                *argv, env=self.env, stdout=sink, stderr=asyncio.subprocess.STDOUT
-            )
-        await wait_ready(self.process, self.base, self.log)
-        return perf() - self.started
-
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    async def stop(self) -> None:
-        assert self.process is not None
-        began = perf()
-        status = await stop_server(self.process)
-        print(f"dispach serve exited with {status} after {ms(perf() - began)} (SIGTERM)")
-        if status != 0:
-            print(tail(self.log))
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.returncode is None:
-            self.process.kill()
-
-
-def log_summary(log: Path) -> str:
-    """Lines in the node's log, and its most frequent events (a line per item costs CPU)."""
-    events: Counter[str] = Counter()
-    with log.open(errors="replace") as f:
-        for row in f:
-            try:
-                events[str(json.loads(row).get("event", "?"))[:60]] += 1
-            except ValueError:
-                events["(not JSON)"] += 1
-    top = ", ".join(f"{n} x {event!r}" for event, n in events.most_common(4))
-    return f"node log: {sum(events.values())} lines; most frequent: {top}"
-
-
-def thread_cpu(pid: int) -> tuple[float, float]:
-    """(main thread, all other threads) CPU seconds: the main thread runs the event loop."""
-    tick = os.sysconf("SC_CLK_TCK")
-    main = other = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            used = (int(fields[11]) + int(fields[12])) / tick
-            if int(task.name) == pid:
-                main += used
-            else:
-                other += used
-    return main, other
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What a window cost: node CPU (loop thread, other threads), the other processes' CPU
-    (receiver, Postgres with its backends, nats-server, the bench), and the machine's busy share
-    (1.0: both cores; what we do not account for is other work on the machine)."""
-
-    loop: float
-    threads: float
-    others: dict[str, float]
-    busy: float
-    seconds: float
-
-    @property
-    def node(self) -> float:
-        return self.loop + self.threads
-
-    def show(self, items: int) -> str:
-        def per(x: float) -> str:
-            return f"{x * 1000 / max(1, items):.2f} s"
-
-        others = ", ".join(f"{name} {per(cpu)}" for name, cpu in self.others.items())
-        cores = (os.cpu_count() or 1) * self.seconds
-        ours = (self.node + sum(self.others.values())) / cores if cores else math.nan
-        return (
-            f"CPU per 1,000 items: node {per(self.node)} (loop thread {per(self.loop)}, other"
-            f" threads {per(self.threads)}), {others}; machine busy {self.busy:.0%}, these"
-            f" processes {ours:.0%} of its cores"
-        )
-
-
-class Meter:
-    def __init__(self, node: int, others: dict[str, int]) -> None:
-        self._node, self._others = node, others
-        self._at = (thread_cpu(node), self._cpu(), machine_ticks(), perf())
-
-    def _cpu(self) -> dict[str, float]:
-        found = {name: tree_cpu(pid) for name, pid in self._others.items()}
-        found["bench"] = time.process_time()
-        return found
-
-    def read(self) -> Usage:
-        (loop0, threads0), others0, ticks0, began = self._at
-        loop1, threads1 = thread_cpu(self._node)
-        others = {name: cpu - others0[name] for name, cpu in self._cpu().items()}
-        return Usage(loop1 - loop0, threads1 - threads0, others,
-                     busy_share(ticks0, machine_ticks()), perf() - began)  # fmt: skip
 
 
 # --- the phases ----------------------------------------------------------------------------------
@@ -426,18 +116,6 @@ class Drain:
     @property
     def steady(self) -> float:
         return self.rows.sent / (self.rows.last_sent - self.rows.first_sent)
-
-
-@dataclass(frozen=True)
-class Rig:
-    """What a phase works with: the node, the bench's store on its schema, and the pids of the
-    other processes whose CPU is counted."""
-
-    node: Node
-    store: Any
-    url: str
-    schema: str
-    others: dict[str, int]
 
 
 async def drain(rig: Rig, batch: str, items: int) -> Drain:
@@ -514,44 +192,13 @@ async def profiled(rig: Rig, items: int, out: Path) -> None:
 
 
 def print_profile(stats: pstats.Stats, items: int) -> None:
-    raw: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
-    total = sum(v[2] for v in raw.values())
+    raw = raw_stats(stats)
+    total = total_time(raw)
     print(f"event-loop thread: {total:.2f} s of profiled function time, "
           f"{total / max(1, items) * 1000:.3f} ms per item (cProfile inflates it)")  # fmt: skip
-    by_area: dict[str, float] = defaultdict(float)
-    for (filename, _, _), (_, _, tt, _, _) in raw.items():
-        by_area[area(filename)] += tt
-    print("own time by area:")
-    for name, tt in sorted(by_area.items(), key=lambda kv: -kv[1])[:14]:
-        print(f"  {name:<30} {tt / total:6.1%}  {tt / max(1, items) * 1000:7.3f} ms/item")
-    for key, title, count in ((2, "own time", 22), (3, "cumulative time", 22)):
-        print(f"top {count} by {title}:")
-        print(f"  {'calls/item':>10} {'own ms/item':>11} {'cum ms/item':>11}  function")
-        ranked = sorted(raw.items(), key=lambda kv: -kv[1][key])[:count]
-        for (filename, lineno, func), (_, nc, tt, ct, _) in ranked:
-            where = f"{short(filename)}:{lineno}({func})" if filename != "~" else func
-            print(f"  {nc / max(1, items):>10.2f} {tt / max(1, items) * 1000:>11.4f}"
-                  f" {ct / max(1, items) * 1000:>11.4f}  {where}")  # fmt: skip
-
-
-def short(filename: str) -> str:
-    for marker in ("site-packages/", "/work/main/", "/lib/python3.11/"):
-        if marker in filename:
-            return filename.split(marker, 1)[1]
-    return filename
-
-
-def area(filename: str) -> str:
-    """A package (or our top-level directory) for a profiled function's file."""
-    if filename == "~":
-        return "builtins (C)"
-    name = short(filename)
-    if name == filename:
-        return "other"
-    parts = name.split("/")
-    if parts[0] in ("actors", "gateways") and len(parts) > 2:
-        return f"{parts[0]}/{parts[1]}"  # actors/outbox, gateways/channels: the outbox's own
-    return parts[0].removesuffix(".py")
+    print_areas(raw, package_area, "own time by area:", items, "item", most=14)
+    for key, title in ((2, "own time"), (3, "cumulative time")):
+        print_top(raw, key, title, 22, items, "item", digits=4)
 
 
 # --- the run -------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 # First: it takes this directory off the front of the import path (see its docstring).
 from _report import (
-    cpu_seconds,
     free_port,
     print_rows,
     section,
@@ -32,6 +31,9 @@ from _report import (
     stop_server,
     wait_ready,
 )
+
+# isort: split
+from _procstat import cpu_seconds
 
 # isort: split
 import argparse

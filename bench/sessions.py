@@ -13,7 +13,7 @@ An in-process ``runtime.node.Node`` (uvloop when installed) serves one agent, ``
 offline scripted model (instant) and the calculator tool; sessions are never passivated during
 the run (``DISPACH_SESSION_IDLE_SECONDS`` 3600, ``DISPACH_MAX_SESSIONS`` above what the bench
 opens). Once the node is up the bench calls ``gc.collect(); gc.freeze()``, as a serving node
-does (runtime/node.py ``serve``). Messages go in over NATS (``gateways.ingress.submit``); one
+does (runtime/node.py ``serve``). Messages go in over NATS (``gateways.ingress.request``); one
 subscription to the store (``turn.end``) tells each turn's waiter that it ended. In order:
 
   1. load before the sessions: W closed-loop workers (16) send plain turns for a few seconds
@@ -61,12 +61,14 @@ from _report import (
     perf,
     print_rows,
     print_table,
-    proc_status,
     run_loop,
     section,
     servers,
     watch_ends,
 )
+
+# isort: split
+from _procstat import proc_status
 
 # isort: split
 import argparse
@@ -90,7 +92,7 @@ import msgspec
 import structlog
 
 from actors.messages import Refused
-from gateways.ingress import IngressMessage, submit
+from gateways.ingress import IngressMessage, request
 from runtime.node import Node
 
 AGENT = "bench"
@@ -156,7 +158,7 @@ class Driven:
 async def one_turn(node: Node, ends: Ends, text: str, session_key: str, driven: Driven) -> None:
     assert node.nc is not None
     t0 = perf()
-    result = await submit(node.nc, AGENT, IngressMessage(text=text, session_key=session_key))
+    result = await request(node.nc, AGENT, IngressMessage(text=text, session_key=session_key))
     match result:
         case Refused(code=code, message=message):
             raise RuntimeError(f"the node refused a bench message: {code}: {message}")

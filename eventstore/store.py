@@ -59,6 +59,9 @@ class EventStore:
         self.schema = schema
         self.poll_interval = poll_interval
         self.hints = Hints()
+        self.subscribers = 0
+        """How many :meth:`subscribe` loops are live on this store (the node's feed tail is
+        one): the node wakes them after its own commits only when one needs it."""
         self.archived = Archived()
         """The archived ranges of the log: every read below checks, after its query, that it
         passed over none of them (eventstore/archive_ranges.py)."""
@@ -337,6 +340,20 @@ class EventStore:
         only those). Such a tail cannot tell an announced commit it cannot see yet from one of
         other types, so it waits for the next hint or poll instead of looking again at once.
         """
+        self.subscribers += 1
+        try:
+            async for event in self._subscribe(after, where, batch, types):
+                yield event
+        finally:
+            self.subscribers -= 1
+
+    async def _subscribe(
+        self,
+        after: Checkpoint,
+        where: EventFilter | None,
+        batch: int,
+        types: Sequence[str] | None,
+    ) -> AsyncIterator[RecordedEvent]:
         checkpoint = after
         backoff = _FIRST_RETRY
         while True:

@@ -32,3 +32,13 @@ def channel(agent_id: str, channel_id: str) -> str:
 def agent(agent_id: str) -> str:
     """An agent's lifecycle: ``agent.reloaded``, ``agent.stopped``, ``agent.started``."""
     return f"agent-{agent_id}"
+
+
+def webhook(webhook_id: str) -> str:
+    """A webhook subscription's lifecycle: ``webhook.created``, ``webhook.deleted``."""
+    return f"webhook-{webhook_id}"
+
+
+def webhook_feed(webhook_id: str) -> str:
+    """What a subscription is promised: one ``delivery.enqueued`` per event it is sent."""
+    return f"webhookfeed-{webhook_id}"

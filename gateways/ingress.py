@@ -18,6 +18,7 @@ import structlog
 from actors.idempotency import key_refused
 from actors.inflight import InFlight
 from actors.messages import (
+    HANDOFF,
     TOO_DEEP,
     Accepted,
     CommandPath,
@@ -161,6 +162,11 @@ def check(message: IngressMessage) -> Refused | None:
             return Refused(code="nul_character", message=f"`{field}` contains a NUL character",
                            hint="remove the \\u0000 characters; they cannot be stored",
                            field=field)  # fmt: skip
+    if message.source == HANDOFF:  # a member's work comes only from its supervisor's turn
+        return Refused(code="source_reserved",
+                       message=f"`source` {HANDOFF!r} is the runtime's own (a handoff's)",
+                       hint="name your producer in `source`, e.g. 'nats' or 'billing'",
+                       field="source")  # fmt: skip
     if not _SOMETHING.search(message.text):
         return Refused(code="message_text_required", message="the message has no text",
                        hint="send a non-empty `text`", field="text")  # fmt: skip

@@ -83,6 +83,7 @@ class Lifecycle:
         agents_path: Path | None,
         build: Build,
         swap: Swap,
+        build_old: Build,
     ) -> None:
         self._store = store
         self._nc = nc
@@ -91,10 +92,15 @@ class Lifecycle:
         self._path = agents_path
         self._build = build
         self._swap = swap
+        self._build_old = build_old
         self._locks: dict[str, asyncio.Lock] = {}
         self._sub: nats.aio.subscription.Subscription | None = None
         self._poll: asyncio.Task[None] | None = None
         self._warnings: dict[str, list[str]] = {}
+        self._texts: dict[tuple[str, str], str] = {}
+        """The text of each version this node built, by (agent, version): a reload records the
+        one it replaces."""
+        engine.rebuild = self.rebuild
 
     @property
     def lives(self) -> dict[str, Life]:
@@ -103,8 +109,11 @@ class Lifecycle:
     def life(self, agent_id: str) -> Life:
         return self.lives.get(agent_id) or Life(agent_id=agent_id)
 
-    def keep(self, agent: Agent) -> None:
-        """Remember a built version (the newest :data:`VERSIONS_KEPT` of each agent)."""
+    def keep(self, agent: Agent, text: str | None = None) -> None:
+        """Remember a built version (the newest :data:`VERSIONS_KEPT` of each agent), and its
+        manifest's text."""
+        if text is not None:
+            self._texts[(agent.id, agent.version)] = text
         versions = self._engine.versions
         versions[(agent.id, agent.version)] = agent
         mine = [key for key in versions if key[0] == agent.id]
@@ -169,12 +178,47 @@ class Lifecycle:
         self.lives[agent_id] = after
         if after.disabled != before.disabled:
             log.info("agent_state", agent=agent_id, status=after.status, by=after.disabled_by)
+            await self._hold_channels(agent_id, after.disabled)
         reloaded = after.reloaded
         if build and reloaded is not None and after.reloaded_position != before.reloaded_position:
             current = self._engine.agents.get(agent_id)
             if current is None or current.version != reloaded.version:
                 await self._adopt(agent_id, reloaded)
         return after
+
+    async def _hold_channels(self, agent_id: str, paused: bool) -> None:
+        """A stopped agent's channels fetch nothing (a bot's long poll pauses; its updates
+        wait at the provider) until it is started again."""
+        agent = self._engine.agents.get(agent_id)
+        for channel in agent.channels.values() if agent is not None else ():
+            await channel.pause(paused)
+
+    async def rebuild(self, agent_id: str, version: str) -> Agent | None:
+        """The agent at ``version``, built from the text the log holds of it (a reload's, or
+        the version a reload replaced), for a turn that began on it and resumes here: it is
+        kept among the versions, never put in place for new turns. None when the log holds no
+        such text or it cannot be built here (the turn then runs on the current version)."""
+        async with self._lock(agent_id):
+            found = self._engine.versions.get((agent_id, version))
+            if found is not None:
+                return found
+            events = await self._store.aread_stream(streams.agent(agent_id))
+            text = lifecycle.text_of([e.data for e in events], version)
+            if text is None:
+                return None
+            source = f"the log's record of {agent_id} at {version}"
+            try:
+                read = manifest.from_text(text, source, version)
+                agent = await blocking(self._build_old, read)
+            except ManifestError as e:
+                failed = e
+            else:
+                self.keep(agent, text)
+                log.info("agent_version_rebuilt", agent=agent_id, version=version)
+                return agent
+        log.error("agent_version_not_built", agent=agent_id, version=version,
+                  code=failed.code, error=failed.message, hint=failed.hint)  # fmt: skip
+        return None
 
     async def _adopt(self, agent_id: str, reloaded: AgentReloaded) -> None:
         """Build the version another node recorded, from the text it recorded."""
@@ -194,7 +238,7 @@ class Lifecycle:
 
     def _put(self, agent: Agent, read: manifest.Read) -> None:
         agent, self._warnings[agent.id] = self._swap(agent, read)
-        self.keep(agent)
+        self.keep(agent, read.text)
         log.info("agent_reloaded", agent=agent.id, version=agent.version)
 
     # --- commands ------------------------------------------------------------------------------
@@ -244,7 +288,9 @@ class Lifecycle:
         for _ in range(_TRIES):
             life = await self._catch_up(agent_id)
             event = AgentReloaded(version=read.version, previous=previous, by=by,
-                                  node=self._node, manifest=read.text)  # fmt: skip
+                                  node=self._node, manifest=read.text,
+                                  previous_manifest=self._texts.get((agent_id, previous or ""),
+                                                                    ""))  # fmt: skip
             if await self._append(agent_id, life, [event]):
                 self._put(agent, read)
                 await self._catch_up(agent_id, build=False)  # this node built it already

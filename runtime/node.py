@@ -50,15 +50,15 @@ from eventstore.catalogue import DeliveryEnqueued
 from eventstore.feed import Feed
 from eventstore.retention import RetentionTask
 from gateways.api.common import AgentChange
-from gateways.api.schemas import AgentDetail, AgentState, SkillList, ToolInfo
+from gateways.api.schemas import AgentDetail, AgentState, SkillList
 from gateways.http.app import VERSION
 from gateways.http.keys import KeyRing
 from gateways.http.readiness import CLUSTER, NATS, POSTGRES, PROJECTIONS
 from gateways.ingress import Ingress
-from gateways.model.scripted import ScriptedModel
 from gateways.toolsources import KINDS
-from runtime import credentials, manifest, skills, teams
+from runtime import credentials, manifest, skills, teams, webhooks
 from runtime.config import Settings, nats_servers
+from runtime.details import agent_detail
 from runtime.embedded import EmbeddedServices
 from runtime.lifecycle import Lifecycle
 from runtime.logs import redact_url
@@ -84,6 +84,9 @@ class Node:
         self._portal: Portal | None = None
         self.agents: dict[str, Agent] = {}
         self._manifests: dict[str, manifest.Manifest] = {}
+        self._texts: dict[str, str] = {}
+        """Each agent's manifest text as the node loaded it (a reload records the one it
+        replaces)."""
         self.lifecycle: Lifecycle | None = None
         """Reload, stop and start of the agents, on every node (runtime/lifecycle.py)."""
         self._env: dict[str, str] = {}
@@ -113,11 +116,18 @@ class Node:
         self.accept_timeout = settings.accept_timeout_seconds
         self.prices = prices.load(os.environ)
         """The price table usage is costed with (actors/prices.py; a bad override fails here)."""
+        self.webhook_policy = webhooks.policy(os.environ)  # the API checks targets against it
+        self._webhooks: Channel | None = None  # the outbox channel of event webhooks
 
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
     def agent_details(self) -> dict[str, AgentDetail]:
         found = dict(self._details)
+        for agent_id, supervisors in teams.supervisors(
+            {a: d.members for a, d in found.items()}
+        ).items():  # fmt: skip
+            if agent_id in found:
+                found[agent_id] = msgspec.structs.replace(found[agent_id], member_of=supervisors)
         if self.lifecycle is not None:  # stopped or not, and the version new turns run
             for agent_id, detail in found.items():
                 shown = self.lifecycle.shown(agent_id)
@@ -138,6 +148,8 @@ class Node:
         return skills.listed(agent) if agent is not None else None
 
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:
+        if not agent_id and channel_id == webhooks.CHANNEL:  # no agent's: the subscriptions'
+            return self._webhooks
         agent = self.agents.get(agent_id)
         return agent.channels.get(channel_id) if agent is not None else None
 
@@ -278,6 +290,7 @@ class Node:
                         functools.partial(channel.start, host),
                         channel.stop,
                     )
+        self._webhooks = webhooks.start(os.environ, store, feed, ownership)
         # Partitions are opened (fenced, their unfinished turns resumed) as their leases come.
         await ownership.start(self.engine, store)
         # The outbox recovers in-doubt items before it sends anything, once the members are
@@ -345,9 +358,10 @@ class Node:
         resumes: a stopped agent stays stopped across restarts."""
         assert self.nc is not None
         self.lifecycle = Lifecycle(store, self.nc, engine, self.node_id,
-                                   self.settings.agents_path, self._build, self._swap)  # fmt: skip
+                                   self.settings.agents_path, self._build, self._swap,
+                                   self._build_old)  # fmt: skip
         for agent in self.agents.values():
-            self.lifecycle.keep(agent)
+            self.lifecycle.keep(agent, self._texts.get(agent.id))
         await self.lifecycle.start()
 
     async def _load_agents(self) -> None:
@@ -357,6 +371,7 @@ class Node:
         self._env = dict(os.environ)
         reads = await blocking(manifest.load_sources, self.settings.agents_path)
         self._manifests = {agent_id: read.manifest for agent_id, read in reads.items()}
+        self._texts = {agent_id: read.text for agent_id, read in reads.items()}
         # Every declaration is checked before any source starts.
         declared = {
             kind: {a: kind.declare(a, getattr(m, kind.key), self._env)
@@ -413,6 +428,18 @@ class Node:
             self._background(skills.index(self.store, agent))
         return agent, warnings
 
+    def _build_old(self, read: manifest.Read) -> Agent:
+        """An earlier version of a running agent, for a turn that resumes on it (blocking, on
+        a thread): built as a reload's, with the channels and schedules the node runs (those it
+        built are never started)."""
+        agent = self._build(read)
+        old = self.agents[agent.id]
+        unused = [c for c in agent.channels.values() if c not in old.channels.values()]
+        assert self._portal is not None, "versions are built once the node runs"
+        for channel in unused:  # built on this thread, closed on the loop
+            self._portal.call_soon(self._background, channel.aclose())
+        return dataclasses.replace(agent, channels=old.channels, schedules=old.schedules)
+
     def _sources_of(self, agent_id: str) -> list[ToolSource]:
         """The agent's team tool (a supervisor's handoff), then its live sources, kind after
         kind."""
@@ -439,7 +466,7 @@ class Node:
         # both over at once): wake this node's readers, then tell the other nodes.
         if self.feed is not None:
             self.feed.remember(committed)  # a reader of a turn run here starts from memory
-        if self.store is not None and (self.feed is None or self.feed.tails_own_commits):
+        if self.store is not None and self._wakes_store():
             self.store.hints.notify(committed[-1].checkpoint)
         if self._hints is not None:
             self._background(self._hints.publish(committed))
@@ -447,6 +474,15 @@ class Node:
         if promised and self._outbox is not None:
             self._outbox.tell(KICK)  # a reply was promised: send it now, not at the next poll
             self._background(self._kick_others(promised))
+
+    def _wakes_store(self) -> bool:
+        """Whether this node's own commits wake the store's subscribers: always without a feed;
+        with one, when its tail must read them (a reader memory does not serve) or when the
+        store has a subscriber besides that tail (an in-process reader of the whole log)."""
+        feed, store = self.feed, self.store
+        if feed is None or store is None:
+            return True
+        return feed.tails_own_commits or store.subscribers > (1 if feed.tailing else 0)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
@@ -531,43 +567,8 @@ class Node:
         for actor in (self.scheduler, self._outbox):  # both answer DRAIN with a future
             if actor is not None:
                 await _settle(actor, DRAIN, timeout)
-
-
-def agent_detail(agent: Agent) -> AgentDetail:
-    """How the API shows an agent: the model it really runs (the offline scripted model says
-    so, not the manifest's model id it stands in for)."""
-    tools = [
-        ToolInfo(
-            slug=name,
-            summary=(spec.description or "").split("\n", 1)[0],
-            mutating=spec.mutating,
-            trust="untrusted" if spec.untrusted_output else "trusted",
-            provider=f"mcp:{spec.mcp_server}" if spec.mcp_server else "local",
-            policy=spec.policy,
-            timeout_s=agent.limits.tool_timeout_s if spec.timeout_s is None else spec.timeout_s,
-        )
-        for name in agent.tools.names
-        if (spec := agent.tools.get(name)) is not None
-    ]
-    return AgentDetail(
-        id=agent.id,
-        name=agent.name,
-        status="loaded",
-        model=agent.model.label if isinstance(agent.model, ScriptedModel) else agent.model_id,
-        provider=agent.model.label,
-        tools=len(tools),
-        tool_list=tools,
-        skills=len(agent.recall.skills),
-        concurrency=agent.concurrency,
-        limits=msgspec.to_builtins(agent.limits),
-        max_output_tokens=agent.max_tokens_per_call,
-        phase=None if agent.phases is None else agent.phases.entry,
-        entry_phase=None if agent.phases is None else agent.phases.entry,
-        phases={} if agent.phases is None else
-        {name: len(view.tools.names) for name, view in agent.phases.views.items()},
-        members=list(agent.members),
-        addressable=agent.addressable,
-    )  # fmt: skip
+        if self._webhooks is not None:  # the outbox sends through it no more
+            await self._webhooks.aclose()
 
 
 async def _tell(actor: pykka.ActorRef[Any], message: object) -> None:

@@ -2,14 +2,15 @@
 the ``handoff`` tool built for it (actors/handoff/).
 
 A member is a normal agent (``agents/<id>.yaml``). Being a member makes an agent not
-addressable over HTTP (its work comes through its supervisor) unless its manifest says
+addressable from outside (HTTP, WebSocket, NATS ingress, schedules, channels: its work
+comes through its supervisor) unless its manifest says
 ``addressable: true``; an agent that is no one's member is addressable unless it says
 ``addressable: false``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import jsonschema
 from jsonschema.exceptions import SchemaError
@@ -91,8 +92,18 @@ def members_of(manifests: Mapping[str, Manifest]) -> set[str]:
     return {member for m in manifests.values() for member in m.members}
 
 
+def supervisors(teams: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+    """Each member's supervisors, sorted, from each agent's members (agents in no team are
+    left out)."""
+    found: dict[str, list[str]] = {}
+    for supervisor, members in sorted(teams.items()):
+        for member in members:
+            found.setdefault(member, []).append(supervisor)
+    return found
+
+
 def addressable(manifest: Manifest, members: set[str]) -> bool:
-    """Whether messages may reach the agent over HTTP (see the module's doc)."""
+    """Whether messages may reach the agent from outside (see the module's doc)."""
     if manifest.addressable is not None:
         return manifest.addressable
     return manifest.id not in members

@@ -63,7 +63,14 @@ async def test_a_revoked_key_is_refused_on_every_node_within_a_second(d: Deploym
 @pytest.mark.asyncio
 async def test_activity_reports_a_running_turn_then_idle(d: Deployment) -> None:
     await d.start(*NODES, DISPACH_API_TOKEN=TOKEN)
-    idle = (await _get(d, "b", "/v1/activity", ADMIN)).json()
+    # Each node lists the members its view of the lease bucket holds: a node just started may
+    # not have seen the others' first renewal yet.
+    deadline = time.monotonic() + 10
+    while True:
+        idle = (await _get(d, "b", "/v1/activity", ADMIN)).json()
+        if len(idle["nodes"]) == len(NODES) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     assert idle["idle"] is True and idle["turnsRunning"] == 0, idle
     assert [n["node"] for n in idle["nodes"]] == list(NODES) and idle["missing"] == []
     sent = await d.http.post(d.nodes["a"].url + "/v1/agents/worker/messages", headers=ADMIN,

@@ -42,12 +42,13 @@ def test_every_package_imports_only_the_layers_below_it() -> None:
 # model receives and sends back (actors.model), what a channel sends and takes in
 # (actors.outbox), what a tool is, runs with and returns (actors.tools: an adapter offers tools
 # from outside, gateways/mcp/client.py); a schedule's definition (actors.schedule.plan, pure:
-# its write-time checks and next due time); the acceptance door's key check
+# its write-time checks and next due time), and a webhook subscription's (actors.webhooks.plan,
+# pure: which event types it may name); the acceptance door's key check
 # (actors.idempotency) and the spans a request opens (actors.tracing).
 GATEWAYS_MAY_IMPORT = frozenset({
     "actors.messages", "actors.actor", "actors.inflight", "actors.model", "actors.outbox",
     "actors.schedule.plan", "actors.tools", "actors.idempotency", "actors.tracing",
-    "actors.prices", "actors.usage",
+    "actors.prices", "actors.usage", "actors.webhooks.plan",
 })  # fmt: skip
 
 

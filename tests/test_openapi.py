@@ -90,6 +90,15 @@ BY_DATA = frozenset(
     {
         ("GET /v1/agents/{agent}/turns", "turns_page_invalid", "before"),
         ("POST /v1/agents/{agent}/messages", "deliver_invalid", "deliver.channel"),
+        # A webhook's URL must parse as one, and its host resolve to an address the node allows.
+        *(
+            ("POST /v1/webhooks", code, "url")
+            for code in (
+                "webhook_url_invalid",
+                "webhook_target_unresolved",
+                "webhook_target_refused",
+            )
+        ),
         # A fork names a new session: one an earlier generated fork made is taken.
         (FORK, "session_exists", "newKey"),
         # Usage: a date the pattern admits may not be on the calendar (02-30), `to` must come
@@ -132,6 +141,12 @@ NEEDS_DATA = frozenset({
     "POST /v1/stream-tokens",  # the agent and its turn or session are in the body
     FORK,  # a turn of the pinned session (index 1, or its id), no other agent named, a new key
     "DELETE /v1/keys/{key_id}",  # a key that exists (tests/test_keys.py revokes real ones)
+    # A subscription needs a URL that resolves to a public address (or an allowed one), and the
+    # others a subscription that exists (tests/test_webhooks.py makes real ones).
+    "POST /v1/webhooks",
+    "GET /v1/webhooks/{webhook_id}",
+    "GET /v1/webhooks/{webhook_id}/deliveries",
+    "DELETE /v1/webhooks/{webhook_id}",
 })  # fmt: skip
 # The server ignores query parameters it does not know (as v1 clients expect), and the token is
 # sent by the test (a token the generator made up can only be refused).
@@ -453,7 +468,8 @@ async def test_every_operation_refuses_a_missing_or_wrong_token(api_factory: Api
     api = await api_factory.start(tokens=["fuzz-secret"])
     labels = (await in_child(Job(kind="validate", url=api.url)))["operations"]
     values = {"agent": "assistant", "turn_id": "t-nope", "key": "k", "schedule": "s",
-              "channel": "telegram", "approval": "ap_nope", "key_id": "k"}  # fmt: skip
+              "channel": "telegram", "approval": "ap_nope", "key_id": "k",
+              "webhook_id": "wh_nope"}  # fmt: skip
     requests: list[Request] = []
     for label in labels:
         path = label.split(" ", 1)[1]

@@ -7,13 +7,16 @@ The model is the suite's fake Anthropic server, which records what each request 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
 from actors import phases as phasing
+from actors.cluster.partitions import partition_of
 from actors.tools import BUILTINS
+from eventstore import streams
 from eventstore.catalogue import PhaseChanged, SessionCleared, ToolRepair, ToolResult
 from gateways.manifests import ManifestError
 from runtime.manifest import build, decode
@@ -244,3 +247,45 @@ def test_a_v1_manifest_carries_its_phases() -> None:
                               "act": {"allow": ["*"]}}  # fmt: skip
     assert "phases.act.allow: memory_write is not a tool carried over" in notes
     assert not any(n.startswith("phases:") for n in notes)
+
+
+@pytest.mark.asyncio
+async def test_the_route_goes_through_the_sessions_owner_fenced_and_in_order(
+    api_factory: ApiFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked of a node that does not own the session's partition, the phase change is the
+    owner's append (under its epoch, after the session's other events), not the asked node's
+    unfenced one (which the store refuses once the partition is fenced)."""
+    one = await start(api_factory, fake_anthropic, monkeypatch)
+    two = await api_factory.start()
+    own_one, own_two = one.node.ownership, two.node.ownership
+    assert own_one is not None and own_two is not None
+
+    async def settled() -> bool:
+        return bool(own_two.epochs) and not set(own_one.epochs) & set(own_two.epochs)
+
+    for _ in range(200):
+        if await settled():
+            break
+        await asyncio.sleep(0.05)
+    key = next(k for k in (f"api:owned-{i}" for i in range(1000))
+               if partition_of("phased", k, own_two.count) in own_two.epochs)  # fmt: skip
+    fake_anthropic.script(Reply(text="First."))
+    first = await send(two.node, "phased", "hello", session=key)
+    await wait_end(two.node, first.turn_id)
+
+    base = f"/v1/agents/phased/sessions/{key}"
+    async with httpx.AsyncClient(base_url=one.url) as client:
+        moved = await client.post(base + "/phase", json={"phase": "act"})
+        assert moved.status_code == 200, moved.text
+        assert moved.json() == {"phase": "act", "tools": 3}
+    store = two.node.store
+    assert store is not None
+    recorded = await store.aread_stream(streams.session("phased", key))
+    [changed] = [e for e in recorded if e.type == "phase.changed"]
+    assert changed.data.by == "api" and changed.data.to == "act"  # type: ignore[union-attr]
+    fake_anthropic.script(Reply(text="Acting."))
+    second = await send(two.node, "phased", "go", session=key)
+    await wait_end(two.node, second.turn_id)
+    *_, request = fake_anthropic.take_requests()
+    assert offered(request) == ["session_notes", "calculator", "phase_set"]

@@ -189,7 +189,7 @@ def test_every_projection_is_inline_or_async_once() -> None:
     names = [p.name for p in (*INLINE, *ASYNC)]
     assert sorted(names) == sorted(set(names)) == ["approvals", "messages", "outbox", "schedules",
                                                    "session_context", "sessions",
-                                                   "turns", "usage"]  # fmt: skip
+                                                   "turns", "usage", "webhooks"]  # fmt: skip
 
 
 def an_outbox_item(rng: random.Random, n: int) -> list[tuple[str, int, NewEvent]]:

@@ -445,3 +445,38 @@ async def test_a_recipient_telegram_cannot_reach_is_refused_when_the_message_is_
 async def _n(events: Awaitable[list[RecordedEvent]], n: int) -> list[RecordedEvent]:
     got = await events
     return got if len(got) >= n else []
+
+
+# --- a stopped agent ----------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_stopped_agents_long_poll_pauses_and_resumes_on_start_losing_no_update(
+    fake: FakeTelegram, api_factory: ApiFactory
+) -> None:
+    api = await start(api_factory, fake)
+    await wait_for(lambda: _polled(fake, 1), "the first getUpdates")
+    async with httpx.AsyncClient(base_url=api.url) as http:
+        stopped = await http.post(f"/v1/agents/{AGENT}/stop", json={"reason": "quiet"})
+        assert stopped.status_code == 200, stopped.text
+        await asyncio.sleep(0.2)  # a poll cancelled as it was answered is counted before this
+        polls = len(fake.calls("getUpdates"))
+        fake.push_message(5001, "while stopped", from_id=5001, username="ada")
+        await asyncio.sleep(3)  # three poll timeouts: a poller would have asked again by now
+        assert len(fake.calls("getUpdates")) == polls, "no getUpdates while the agent is stopped"
+        assert await of_type(api, "turn.start") == []
+        assert await of_type(api, "channel.rejected") == []
+
+        started = await http.post(f"/v1/agents/{AGENT}/start")
+        assert started.status_code == 200, started.text
+        events = await one_turn(api)
+    turn_start = next(e for e in events if e.type == "turn.start")
+    assert turn_start.data.input == "while stopped"  # type: ignore[union-attr]
+    (message,) = fake.sent
+    assert message["chat_id"] == 5001 and "while stopped" in message["text"]
+    assert len(fake.calls("getUpdates")) > polls
+    assert await of_type(api, "channel.rejected") == []
+
+
+async def _polled(fake: FakeTelegram, n: int) -> bool:
+    return len(fake.calls("getUpdates")) >= n

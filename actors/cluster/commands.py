@@ -36,10 +36,12 @@ from actors.messages import (
     ClearSession,
     Forked,
     ForkSession,
+    PhaseMoved,
     Refused,
     Reply,
     ResolveApproval,
     Resolved,
+    SetPhase,
     StopResult,
     StopTurn,
     Submit,
@@ -55,11 +57,12 @@ FORWARDED = Counter(
 )
 MOVING = "session_moving"
 
-Kind = Literal["submit", "stop", "clear", "resolve", "fork"]
+Kind = Literal["submit", "stop", "clear", "resolve", "fork", "phase"]
 _DECODERS: dict[str, msgspec.json.Decoder[Any]] = {
     "submit": msgspec.json.Decoder(Submit),
     "stop": msgspec.json.Decoder(StopTurn),
     "clear": msgspec.json.Decoder(ClearSession),
+    "phase": msgspec.json.Decoder(SetPhase),
     "resolve": msgspec.json.Decoder(ResolveApproval),
     "fork": msgspec.json.Decoder(ForkSession),
 }
@@ -108,9 +111,10 @@ class Commands:
                 return Refused(code=e.code, message=e.message, hint=e.hint)
             if refused is not None:
                 return refused
-        # A stopped agent is refused by the node asked, as its session's owner refuses it.
-        if (stopped := self._engine.refusal(submit.agent_id)) is not None:
-            return stopped
+        # A stopped agent, or a team's member asked by anything but a handoff, is refused by the
+        # node asked, as its session's owner refuses it.
+        if (refused := self._engine.refusal(submit.agent_id, submit.source)) is not None:
+            return refused
         partition = self._own.partition(submit.agent_id, submit.session_key)
         reply = await self._route(partition, "submit", submit, timeout)
         if reply.accepted is not None:
@@ -134,6 +138,11 @@ class Commands:
         partition = self._own.partition(clear.agent_id, clear.session_key)
         reply = await self._route(partition, "clear", clear, timeout)
         return reply.cleared or reply.error or _empty()
+
+    async def set_phase(self, command: SetPhase, timeout: float = 10.0) -> PhaseMoved | Refused:
+        partition = self._own.partition(command.agent_id, command.session_key)
+        reply = await self._route(partition, "phase", command, timeout)
+        return reply.phase or reply.error or _empty()
 
     async def resolve(self, resolve: ResolveApproval, timeout: float = 10.0) -> Resolved | Refused:
         try:
@@ -259,6 +268,7 @@ async def _handle(engine: SessionDirectory, kind: str, command: Any) -> Reply:
         "submit": engine.submit,
         "stop": engine.stop,
         "clear": engine.clear,
+        "phase": engine.set_phase,
         "resolve": engine.resolve_approval,
         "fork": engine.fork,
     }
@@ -273,6 +283,8 @@ async def _handle(engine: SessionDirectory, kind: str, command: Any) -> Reply:
         return Reply(cleared=result)
     if isinstance(result, Forked):
         return Reply(forked=result)
+    if isinstance(result, PhaseMoved):
+        return Reply(phase=result)
     return Reply(resolved=result)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from actors import ids
 from actors.handoff import plan
 from actors.handoff.plan import Member
-from actors.messages import Accepted, CommandPath, StopTurn, Submit
+from actors.messages import HANDOFF, Accepted, CommandPath, StopTurn, Submit
 from actors.tools import ToolCallFailed, ToolContext, ToolSpec
 from actors.turn.toolcontext import ToolCallContext
 from eventstore import EventStore, streams
@@ -152,7 +152,7 @@ async def _handoff(port: Handoffs, member: Member, ctx: ToolCallContext, task: s
     for round_no in (1, 2):
         left = plan.after_round(budget, *_spent(ends), time.monotonic() - began)
         accepted = await port.commands.submit(Submit(
-            agent_id=member.id, session_key=session, text=text, source="handoff",
+            agent_id=member.id, session_key=session, text=text, source=HANDOFF,
             idempotency_key=plan.round_key(parent, call_id, round_no), budget=left,
         ))  # fmt: skip
         if not isinstance(accepted, Accepted):

@@ -249,7 +249,7 @@ class OutboxActor(LoopActor):
     # --- one item -----------------------------------------------------------------------------
 
     async def _deliver(self, item: Item, channel: Channel | None) -> None:
-        meta = Metadata(agent_id=item.agent_id, session_key=item.session_key, turn_id=item.turn_id)
+        meta = _meta(item)
         stream = streams.outbox(item.item_id)
         try:
             if channel is None:
@@ -333,9 +333,7 @@ class OutboxActor(LoopActor):
             if item.item_id in self._busy or not self._dead(node):
                 continue
             channel = self._channels(item.agent_id, item.channel_id)
-            meta = Metadata(
-                agent_id=item.agent_id, session_key=item.session_key, turn_id=item.turn_id
-            )
+            meta = _meta(item)
             resend = channel is None or channel.on_uncertain == "resend"
             flag = DeliveryUncertain(
                 channel_id=item.channel_id, chunk_index=item.chunk_index,
@@ -363,6 +361,13 @@ class OutboxActor(LoopActor):
 
 
 _ITEM_FIELDS = tuple(Item.__struct_fields__)
+
+
+def _meta(item: Item) -> Metadata:
+    """Who an item's events are about: an event webhook's delivery is about no agent, session
+    or turn (its row holds empty strings), so its events carry none."""
+    return Metadata(agent_id=item.agent_id or None, session_key=item.session_key or None,
+                    turn_id=item.turn_id or None)  # fmt: skip
 
 
 def _unknown_channel(item: Item) -> DeliveryFailed:

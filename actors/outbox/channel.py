@@ -87,6 +87,12 @@ class Channel(Protocol):
         """Stop taking messages in (the node is draining)."""
         ...
 
+    async def pause(self, paused: bool) -> None:
+        """Hold inbound while the agent is stopped (True), take it again once it is started
+        (False): the provider keeps what arrives meanwhile (a bot's updates wait unfetched),
+        so nothing is refused and nothing is lost. Started or not, the channel remembers it."""
+        ...
+
     async def aclose(self) -> None:
         """Release the transport (after the outbox has stopped sending)."""
         ...

@@ -30,6 +30,7 @@ from actors.messages import (
     Refused,
     ResolveApproval,
     Resume,
+    SetPhase,
     StopResult,
     StopTurn,
     Submit,
@@ -190,7 +191,7 @@ class SessionActor(LoopActor):
                 return fork.exists(self._state.agent_id, self._session_key)
             case (
                 Submit() | StopTurn() | ClearSession() | Resume() | ResolveApproval()
-                | ApprovalsAnswered() | Fork()
+                | ApprovalsAnswered() | Fork() | SetPhase()
             ):  # fmt: skip
                 return self._decide(message)
             case TurnFinished(turn_id=turn_id, reason=reason):

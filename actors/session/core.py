@@ -20,10 +20,12 @@ from actors.messages import (
     Cleared,
     ClearSession,
     Forked,
+    PhaseMoved,
     Refused,
     ResolveApproval,
     Resolved,
     Resume,
+    SetPhase,
     StopResult,
     StopTurn,
     Submit,
@@ -50,6 +52,7 @@ from actors.turn.core import AWAITING_APPROVAL, Approval
 from eventstore import ANY, NO_STREAM, Metadata, streams
 from eventstore.catalogue import (
     ApprovalResolved,
+    PhaseChanged,
     SessionCleared,
     SessionForked,
     Tokens,
@@ -100,7 +103,7 @@ class Fork(msgspec.Struct, frozen=True):
 
 Command = (
     Submit | StopTurn | ClearSession | ResolveApproval | Resume | HandOver | StartStored
-    | TurnEnded | ApprovalsAnswered | Fork
+    | TurnEnded | ApprovalsAnswered | Fork | SetPhase
 )  # fmt: skip
 
 
@@ -197,7 +200,7 @@ class Duplicate(msgspec.Struct, frozen=True):
 class OnceStored(msgspec.Struct, frozen=True):
     """``answer`` holds once the decision's append is stored."""
 
-    answer: StopResult | Cleared | Resolved | Forked
+    answer: StopResult | Cleared | Resolved | Forked | PhaseMoved
 
 
 class HandOverAnswer(msgspec.Struct, frozen=True):
@@ -229,6 +232,8 @@ def decide(state: SessionState, command: Command) -> Decision:
             return _stop(state, command)
         case ClearSession(by=by):
             return _clear(state, by)
+        case SetPhase():
+            return _set_phase(state, command)
         case ResolveApproval():
             return _resolve(state, command)
         case Resume(turn_ids=turn_ids):
@@ -346,6 +351,16 @@ def _clear(state: SessionState, by: str) -> Decision:
                     Metadata(agent_id=state.agent_id, session_key=state.session_key))  # fmt: skip
     return Decision(OnceStored(Cleared(session_key=state.session_key)), append,
                     effects=(ResetHistory(),))  # fmt: skip
+
+
+def _set_phase(state: SessionState, command: SetPhase) -> Decision:
+    """A phase change from outside, taken at any time: a running turn keeps the phase it is in
+    (its own ``phase.changed`` are in its stream); the session's next turn folds this one."""
+    event = PhaseChanged(to=command.to, from_=command.left, by="api", tools=command.tools)
+    append = Append(streams.session(state.agent_id, state.session_key), event,
+                    Metadata(agent_id=state.agent_id, session_key=state.session_key))  # fmt: skip
+    return Decision(OnceStored(PhaseMoved(session_key=state.session_key, phase=command.to)),
+                    append)  # fmt: skip
 
 
 def _fork(state: SessionState, fork: Fork) -> Decision:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -31,15 +32,18 @@ from actors.messages import (
     ContextStep,
     Forked,
     ForkSession,
+    PhaseMoved,
     Refused,
     ResolveApproval,
     Resolved,
     Resume,
     SessionContext,
+    SetPhase,
     StopResult,
     StopTurn,
     Submit,
     TurnContext,
+    not_addressable,
 )
 from actors.recall import Recalled
 from actors.session.actor import HAND_OVER, HISTORY, IDLE_FOR, Accepting, Pending, SessionActor
@@ -95,14 +99,27 @@ class SessionDirectory:
         """Every version of each agent this node built since it started, by (agent, version),
         the newest few of each kept: a turn resumed here runs on the version it started with
         when it is one of them (:meth:`agent_at`)."""
+        self.rebuild: Callable[[str, str], Awaitable[Agent | None]] | None = None
+        """Builds a version of an agent from the text the log holds of it (runtime/lifecycle.py
+        sets it): a turn resumed after the whole cluster restarted finds its version there."""
 
-    def refusal(self, agent_id: str) -> Refused | None:
-        """Why a new message for the agent is refused now (it is stopped), if it is."""
-        return lifecycle.refusal(self.lives.get(agent_id))
+    def refusal(self, agent_id: str, source: str | None = None) -> Refused | None:
+        """Why a new message for the agent from ``source`` is refused now, if it is: the agent
+        is stopped, or it is a team's member (not addressable) and the message is no handoff."""
+        if (stopped := lifecycle.refusal(self.lives.get(agent_id))) is not None:
+            return stopped
+        agent = self.agents.get(agent_id)
+        return None if agent is None else not_addressable(agent_id, agent.addressable, source)
 
-    def agent_at(self, agent_id: str, version: str | None) -> Agent | None:
-        """The agent at ``version``, if this node built it (None: not known here)."""
-        return None if version is None else self.versions.get((agent_id, version))
+    async def agent_at(self, agent_id: str, version: str | None) -> Agent | None:
+        """The agent at ``version``: one this node built, or else one :attr:`rebuild` builds
+        from the log (None: not known here nor on the record)."""
+        if version is None:
+            return None
+        found = self.versions.get((agent_id, version))
+        if found is None and self.rebuild is not None:
+            found = await self.rebuild(agent_id, version)
+        return found
 
     def live_sessions(self) -> set[tuple[str, str]]:
         """``(agent, session)`` of the session actors alive now (thread-safe)."""
@@ -131,8 +148,8 @@ class SessionDirectory:
                 hint=f"known agents: {', '.join(sorted(self.agents))}",
                 field="agentId",
             )
-        if (stopped := self.refusal(submit.agent_id)) is not None:
-            return stopped
+        if (refused := self.refusal(submit.agent_id, submit.source)) is not None:
+            return refused
         if submit.deliver is not None:
             return _deliver_problem(self.agents[submit.agent_id], submit.deliver)
         return None
@@ -197,6 +214,15 @@ class SessionDirectory:
     async def _replay(self, turn_id: str, digest: str) -> Accepted | Refused | None:
         """The answer for a keyed request whose turn is already stored, or None if it is not."""
         return await idempotency.stored(self.store, turn_id, digest)
+
+    async def set_phase(self, command: SetPhase) -> PhaseMoved | Refused:
+        if command.agent_id not in self.agents:
+            return Refused(code="agent_not_found", message=f"no agent {command.agent_id!r}",
+                           hint="a node's agents are those it started with")  # fmt: skip
+        moved: PhaseMoved | Refused = await _once_stored(
+            self.session(command.agent_id, command.session_key), command
+        )
+        return moved
 
     async def clear(self, clear: ClearSession) -> Cleared | Refused:
         if clear.agent_id not in self.agents:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -102,7 +102,7 @@ class TurnRunner:
         stored: list[RecordedEvent] | None = None,
         history: History | None = None,
         read_ahead: asyncio.Future[History] | None = None,
-        versions: Callable[[str], Agent | None] | None = None,
+        versions: Callable[[str], Awaitable[Agent | None]] | None = None,
     ) -> None:
         self._known = stored  # the turn's events when the caller has them (a fresh turn)
         self._history = history  # the session's history when its actor holds it (not changed)
@@ -179,7 +179,7 @@ class TurnRunner:
         handed, self._known = self._known is not None, None
         stored = upcast(stored)
         self.journal.read(stored)
-        self._adopt(self.state.agent_version)
+        await self._adopt(self.state.agent_version)
         self._bound()
         self._entries = [self._entry(row) for e in stored if (row := history_row(e.data))]
         if self.state.ended is not None:
@@ -232,13 +232,14 @@ class TurnRunner:
             limits = bounded(self.agent.limits, self.state.budget)
             self.agent = self._caller.agent = dataclasses.replace(self.agent, limits=limits)
 
-    def _adopt(self, version: str | None) -> None:
-        """A turn resumed (after a crash, on this node or another) runs on the version of its
-        agent it started with, when this node has built it; otherwise on the agent as it is
-        now, which its next ``model.call`` records (``agentVersion``)."""
+    async def _adopt(self, version: str | None) -> None:
+        """A turn resumed (after a crash, on this node or another, or after the whole cluster
+        restarted) runs on the version of its agent it started with: one this node built, or
+        else built from the text the log holds of it (``agent.reloaded``); failing both, on the
+        agent as it is now, which its next ``model.call`` records (``agentVersion``)."""
         if version is None or version == self.agent.version or self._versions is None:
             return
-        found = self._versions(version)
+        found = await self._versions(version)
         if found is None:
             log.warning("turn_version_unavailable", turn=self.turn_id, started_with=version,
                         runs_on=self.agent.version)  # fmt: skip

@@ -1,6 +1,6 @@
 """Every event type Dispach writes (docs/events.md is the prose for each), one module per kind of
-stream: ``turn``, ``delivery``, ``session``, ``agent``; ``shared`` holds what several carry.
-Importing this package registers every type; import a type from here.
+stream: ``turn``, ``delivery``, ``session``, ``agent``, ``webhooks``; ``shared`` holds what
+several carry. Importing this package registers every type; import a type from here.
 
 Where the original Dispach (v1 wire) has a name and data shape for the same fact, we use it, so a
 v1 client reads our stream unchanged; our additions are extra fields with defaults or new types.
@@ -66,6 +66,7 @@ from eventstore.catalogue.turn import (
     TurnStart,
     TurnStopping,
 )
+from eventstore.catalogue.webhooks import WebhookCreated, WebhookDeleted
 
 __all__ = [
     "AgentReloaded",
@@ -119,4 +120,6 @@ __all__ = [
     "TurnEnd",
     "TurnStart",
     "TurnStopping",
+    "WebhookCreated",
+    "WebhookDeleted",
 ]

@@ -17,10 +17,13 @@ class AgentReloaded(Event, frozen=True):
     stays off public streams (a manifest may name hosts and variables)."""
 
     TYPE: ClassVar[str] = "agent.reloaded"
-    PRIVATE: ClassVar[frozenset[str]] = frozenset({"manifest"})
+    PRIVATE: ClassVar[frozenset[str]] = frozenset({"manifest", "previous_manifest"})
     version: str
     previous: str | None = None
     """The version it replaced on the node that read it."""
+    previous_manifest: str = ""
+    """That version's text: a turn that began on it and resumes after the whole cluster
+    restarted (every node then runs its disk's manifest) is built from it again."""
     by: str = "api"
     """Who asked (``api``, ``cli``, or what the caller named itself)."""
     node: str = ""

@@ -1,6 +1,6 @@
 """The read models Dispach serves, as projections of the log (eventstore/projector.py runs
 them): turns, sessions and messages, the outbox, schedules, approvals, each session's context
-view and the usage meter."""
+view, the usage meter and the webhook subscriptions."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from eventstore.projections.schedules import SchedulesProjection
 from eventstore.projections.sessions import MessagesProjection, SessionsProjection
 from eventstore.projections.turns import TurnsProjection
 from eventstore.projections.usage import UsageProjection
+from eventstore.projections.webhooks import WebhooksProjection
 from eventstore.projector import Projection
 
 INLINE: tuple[Projection, ...] = (
@@ -22,6 +23,7 @@ INLINE: tuple[Projection, ...] = (
     ApprovalsProjection(),
     SessionContextProjection(),
     UsageProjection(),
+    WebhooksProjection(),
 )
 # Projections nobody reads right after a write run asynchronously (ProjectionRunner). `sessions`
 # was one, but a runner costs the event loop a read and a checkpoint commit per wake-up, measured

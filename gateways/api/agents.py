@@ -46,6 +46,8 @@ async def list_agents(request: Request) -> Response:
             disabled_at=a.disabled_at,
             disabled_by=a.disabled_by,
             reason=a.reason,
+            addressable=a.addressable,
+            member_of=a.member_of,
         )
         for a in runtime(request).agent_details().values()
         if who.sees(a.id)

@@ -16,6 +16,7 @@ import nats.aio.client
 from starlette.requests import HTTPConnection, Request
 
 from actors.messages import TOO_DEEP, ClusterStatus, CommandPath, Refused, too_deep
+from actors.messages import not_addressable as refused_unaddressable
 from actors.outbox import Channel
 from actors.prices import PriceTable
 from eventstore import Checkpoint, EventStore, InvalidCursor, StoreError
@@ -224,14 +225,8 @@ def visible_agent(conn: HTTPConnection, agent_id: str, field: str | None) -> Age
 
 def not_addressable(found: AgentDetail) -> Refused | None:
     """The refusal of a message to an agent that takes work only from its supervisor (a member
-    of a team, runtime/teams.py), or None."""
-    if found.addressable:
-        return None
-    return Refused(
-        code="agent_not_addressable",
-        message=f"agent {found.id!r} is a member of a team: it takes tasks only by handoff",
-        hint="send the message to its supervisor, or set addressable: true in its manifest",
-    )
+    of a team, runtime/teams.py), or None (the session's owner says the same at every door)."""
+    return refused_unaddressable(found.id, found.addressable, None)
 
 
 def agent(request: Request) -> AgentDetail:

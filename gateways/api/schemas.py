@@ -252,6 +252,11 @@ class AgentInfo(_Body, frozen=True):
     disabled_at: str | None = None
     disabled_by: str | None = None
     reason: str | None = None
+    addressable: bool = True
+    """Whether messages reach it from outside (HTTP, WebSocket, NATS, schedules, channels): a
+    team's member, by default, takes work only from its supervisor's handoff."""
+    member_of: list[str] = msgspec.field(default_factory=list)
+    """The supervisors whose team it is in (their ``members`` name it)."""
 
 
 class AgentDetail(_Body, frozen=True):
@@ -278,7 +283,9 @@ class AgentDetail(_Body, frozen=True):
     members: list[str] = msgspec.field(default_factory=list)
     """The agents it hands tasks to (its team); empty for an agent without members."""
     addressable: bool = True
-    """Whether messages reach it over HTTP (a member of a team, by default, is not)."""
+    """Whether messages reach it from outside (a member of a team, by default, is not)."""
+    member_of: list[str] = msgspec.field(default_factory=list)
+    """The supervisors whose team it is in."""
     version: str = ""
     """The content hash of the manifest this node runs for new turns (``agent.reloaded``)."""
     disabled_at: str | None = None

@@ -10,9 +10,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.messages import ClearSession, Refused
-from eventstore import ANY, Metadata, NewEvent, StoreError, streams
-from eventstore.catalogue import PhaseChanged
+from actors.messages import ClearSession, Refused, SetPhase
 from gateways.api.common import (
     MAX_PAGE,
     ApiError,
@@ -23,8 +21,6 @@ from gateways.api.common import (
     int_param,
     read_body,
     refused,
-    store_error,
-    store_of,
 )
 from gateways.api.schemas import (
     AgentDetail,
@@ -285,18 +281,14 @@ async def set_phase(request: Request) -> Response:
                        {"agent_id": target.id, "session_key": key, "limit": 1, "q": None,
                         "status": None})  # fmt: skip
     left = _resolved(rows[0][10] if rows else None, target)
-    event = PhaseChanged(to=to, from_=left, by="api", tools=declared[to])
-    try:
-        # ANY, as a session note is written: a phase does not depend on the stream's state, and
-        # the session's actor (the stream's writer) must not be refused for it.
-        await store_of(request).aappend(
-            streams.session(target.id, key),
-            [NewEvent(event=event, metadata=Metadata(agent_id=target.id, session_key=key))],
-            expected_version=ANY,
-        )
-    except StoreError as e:
-        raise store_error(e) from e
-    return json_response(PhaseSet(phase=to, tools=declared[to]))
+    # The session's owner appends it (any node may be asked): fenced by its partition's epoch
+    # and ordered with the session's other events, as a clear is.
+    moved = await commands_of(request).set_phase(
+        SetPhase(agent_id=target.id, session_key=key, to=to, left=left, tools=declared[to])
+    )
+    if isinstance(moved, Refused):
+        raise refused(moved)
+    return json_response(PhaseSet(phase=moved.phase, tools=declared[to]))
 
 
 SET_PHASE = Operation(

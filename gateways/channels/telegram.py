@@ -135,6 +135,8 @@ class TelegramChannel:
         logging.getLogger("httpx2").addFilter(self._redactor)
         self._poller: asyncio.Task[None] | None = None
         self._inbound: Inbound | None = None
+        self._paused = False
+        """The agent is stopped: no getUpdates (Telegram keeps the updates), webhooks get 503."""
 
     def __repr__(self) -> str:  # the token stays out of logs and tracebacks
         return f"TelegramChannel(id={self.id!r}, mode={self.config.mode!r})"
@@ -210,15 +212,38 @@ class TelegramChannel:
 
     async def start(self, inbound: Inbound) -> None:
         self._inbound = inbound
-        if self.config.mode == "longpoll":
-            self._poller = asyncio.create_task(self._poll(inbound), name=f"telegram-{self.id}")
+        self._polling()
 
     async def stop(self) -> None:
         self._inbound = None  # webhook updates from now on are answered 503
-        if self._poller is not None:
-            self._poller.cancel()
+        await self._hold()
+
+    async def pause(self, paused: bool) -> None:
+        """While the agent is stopped nothing is fetched: the long poll in flight is cancelled
+        (what it fetched and had not taken is unconfirmed, so Telegram sends it again) and
+        none is made until the agent starts; a webhook update is answered 503, which Telegram
+        retries. The updates wait at Telegram meanwhile, and the offset it holds confirms only
+        what was taken, so none is lost."""
+        self._paused = paused
+        if paused:
+            await self._hold()
+        else:
+            self._polling()
+
+    def _polling(self) -> None:
+        """Begin the long poll, when the channel has inbound, is not paused, and polls none."""
+        if self.config.mode != "longpoll" or self._inbound is None or self._paused:
+            return
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll(self._inbound),
+                                               name=f"telegram-{self.id}")  # fmt: skip
+
+    async def _hold(self) -> None:
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+                await poller
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -273,6 +298,8 @@ class TelegramChannel:
             return 400, "not a Telegram update"
         if self._inbound is None:
             return 503, "the node is not taking messages now"
+        if self._paused:
+            return 503, "the agent is stopped; Telegram sends the update again later"
         await self._take(self._inbound, update)
         return 200, "ok"
 

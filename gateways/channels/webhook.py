@@ -58,7 +58,7 @@ class _Payload(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_d
 
 _ENCODE = msgspec.json.Encoder()
 
-_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
+NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
 """Raised before a byte of the request went out: no connection (refused, DNS, TLS, proxy), none
 in time, or no URL to connect to. aiohttp never resends a POST on its own (it retries a dropped
 keep-alive connection only for idempotent methods), so every other failure may follow a request
@@ -96,6 +96,9 @@ class WebhookChannel:
 
     async def stop(self) -> None:
         return None
+
+    async def pause(self, paused: bool) -> None:
+        return None  # nothing comes in
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -139,8 +142,8 @@ class WebhookChannel:
             async with self._client().post(
                 self._url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                return _result(response.status, await response.read(), response.headers)
-        except _NOT_SENT as e:  # before TimeoutError: a connect timeout is one
+                return outcome(response.status, await response.read(), response.headers)
+        except NOT_SENT as e:  # before TimeoutError: a connect timeout is one
             return SendResult(ok=False, retryable=True, code="delivery_unreachable",
                               error=f"{type(e).__name__}: {e}")  # fmt: skip
         except TimeoutError as e:
@@ -153,7 +156,7 @@ class WebhookChannel:
                               error=f"{type(e).__name__}: {e}")  # fmt: skip
 
 
-def _result(status: int, raw: bytes, headers: Mapping[str, str]) -> SendResult:
+def outcome(status: int, raw: bytes, headers: Mapping[str, str]) -> SendResult:
     if 200 <= status < 300:
         provider_id = None
         try:

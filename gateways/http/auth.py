@@ -149,8 +149,8 @@ class Guard:
         try:
             found = await self._principal(presented)
         except StoreError as e:
-            if not _open(path):
-                await deny(scope, send, 503, e.code, e.message, e.hint)
+            if not _open(path):  # as the Readiness gate refuses: come back in a second
+                await deny(scope, send, 503, e.code, e.message, e.hint, [(b"retry-after", b"1")])
                 return
             found = UNAUTHORIZED  # health, readiness and the document need no one: answered
         principal = found if isinstance(found, Principal) else None

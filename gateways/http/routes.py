@@ -39,6 +39,7 @@ from gateways.api import (
     tokens,
     turns,
     usage,
+    webhooks,
 )
 from gateways.http import openapi
 from gateways.http.metrics import metrics_endpoint
@@ -69,6 +70,11 @@ OPERATIONS: tuple[Operation, ...] = (
     keys.LIST_KEYS,
     keys.CREATE_KEY,
     keys.REVOKE_KEY,
+    webhooks.LIST_WEBHOOKS,
+    webhooks.CREATE_WEBHOOK,
+    webhooks.GET_WEBHOOK,
+    webhooks.WEBHOOK_DELIVERIES,
+    webhooks.DELETE_WEBHOOK,
     agents.LIST_AGENTS,
     agents.GET_AGENT,
     agents.AGENT_TOOLS,

@@ -2,9 +2,9 @@
 the original Dispach defines its capabilities. ``read`` covers every GET (and the WebSocket's
 subscriptions, and stream tokens for reading); ``chat`` sending a message, answering an approval,
 stopping a turn (and MCP, whose tools send messages); ``write`` schedules, a session's phase,
-clearing and forking a session; ``admin`` keys, reloads, activity, and any other change. A
-route this table does not name is ``admin`` unless it only reads: a new route is closed to lesser
-keys until it is placed here.
+clearing and forking a session; ``admin`` keys, webhooks, reloads, activity, and any other
+change. A route this table does not name is ``admin`` unless it only reads: a new route is closed
+to lesser keys until it is placed here.
 
 Pure: :func:`required` is a function of the method and the path (tests/test_keys.py).
 """
@@ -21,8 +21,9 @@ RANK = {scope: rank for rank, scope in enumerate(SCOPES)}
 _SEG = r"[^/]+"
 _AGENT = rf"/v1/agents/{_SEG}"
 _SESSION = rf"{_AGENT}/sessions/{_SEG}"
-_ADMIN_READS = re.compile(r"/v1/activity|/v1/keys(/[^/]+)?")
-"""GETs that are not for every reader: who holds which key, and whether the cluster is idle."""
+_ADMIN_READS = re.compile(r"/v1/activity|/v1/keys(/[^/]+)?|/v1/webhooks(/[^/]+(/deliveries)?)?")
+"""GETs that are not for every reader: who holds which key, whether the cluster is idle, and
+where the webhooks point."""
 _CHAT = re.compile(
     rf"{_AGENT}/messages|{_AGENT}/turns/{_SEG}/stop|{_AGENT}/approvals/{_SEG}|/v1/mcp"
 )
