@@ -12,8 +12,7 @@ import msgspec
 import psycopg
 
 from eventstore._sql import load
-from eventstore.errors import StoreError, StoreUnavailable
-from eventstore.store import EventStore
+from eventstore.store import EventStore, unavailable_for
 
 
 class KeyRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,23 +44,6 @@ def _row(raw: tuple[Any, ...]) -> KeyRow:
     )  # fmt: skip
 
 
-def _failed(e: psycopg.Error) -> StoreError:
-    return StoreUnavailable(
-        f"cannot read or write the API keys in Postgres: {e}".strip(),
-        "the database is down or overloaded; retry",
-    )
-
-
-async def _run(store: EventStore, name: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
-    """One statement in its own transaction (committed when the block ends)."""
-    try:
-        async with store.apool.connection() as conn, conn.transaction():
-            cur = await conn.execute(load(name).encode(), params)
-            return await cur.fetchall() if cur.description is not None else []
-    except psycopg.Error as e:
-        raise _failed(e) from e
-
-
 async def get(store: EventStore, key_id: str) -> KeyRow | None:
     rows = await _run(store, "keys_get", {"id": key_id})
     return _row(rows[0]) if rows else None
@@ -91,7 +73,7 @@ async def insert_first(store: EventStore, row: KeyRow) -> KeyRow | None:
             cur = await conn.execute(load("keys_insert_first").encode(), _params(row))
             found = await cur.fetchall()
     except psycopg.Error as e:
-        raise _failed(e) from e
+        raise unavailable_for("the API keys", e) from e
     return _row(found[0]) if found else None
 
 
@@ -107,3 +89,7 @@ async def touch(store: EventStore, key_id: str, at: datetime) -> None:
 async def state(store: EventStore) -> KeyState:
     ever, live_admin = (await _run(store, "keys_state", {}))[0]
     return KeyState(bool(ever), bool(live_admin))
+
+
+async def _run(store: EventStore, name: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
+    return await store.astatement(load(name).encode(), params, what="the API keys")

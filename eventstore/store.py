@@ -221,6 +221,19 @@ class EventStore:
         except psycopg.Error as e:
             raise _unavailable(e) from e
 
+    async def astatement(
+        self, query: bytes, params: Mapping[str, object], *, what: str
+    ) -> list[tuple[Any, ...]]:
+        """One statement on a table beside the log (API keys, webhooks' secrets and cursors) in
+        its own transaction, on the event loop: its rows, if it returns any. Driver errors come
+        back as ``StoreUnavailable`` naming ``what`` (see :func:`unavailable_for`)."""
+        try:
+            async with self._apool.connection() as conn, conn.transaction():
+                cur = await conn.execute(query, params)
+                return await cur.fetchall() if cur.description is not None else []
+        except psycopg.Error as e:
+            raise unavailable_for(what, e) from e
+
     # --- reading (threads) ---------------------------------------------------------------------
 
     def read_stream(
@@ -383,6 +396,15 @@ class EventStore:
                 backoff *= 2
             else:
                 await self.hints.wait(generation, self.poll_interval)
+
+
+def unavailable_for(what: str, e: psycopg.Error) -> StoreError:
+    """A statement on ``what`` (``the API keys``) failed in the driver: Postgres is down or
+    overloaded, and the caller may retry."""
+    return StoreUnavailable(
+        f"cannot read or write {what} in Postgres: {e}".strip(),
+        "the database is down or overloaded; retry",
+    )
 
 
 def _unavailable(e: psycopg.Error) -> StoreError:

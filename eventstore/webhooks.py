@@ -8,11 +8,9 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-import psycopg
 
 from eventstore._sql import load
 from eventstore.envelope import Checkpoint
-from eventstore.errors import StoreError, StoreUnavailable
 from eventstore.store import EventStore
 
 
@@ -40,22 +38,6 @@ class Target(msgspec.Struct, frozen=True):
     url: str
     secret: str
     deleted: bool
-
-
-def _failed(e: psycopg.Error) -> StoreError:
-    return StoreUnavailable(
-        f"cannot read or write the webhooks in Postgres: {e}".strip(),
-        "the database is down or overloaded; retry",
-    )
-
-
-async def _run(store: EventStore, name: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
-    try:
-        async with store.apool.connection() as conn, conn.transaction():
-            cur = await conn.execute(load(name).encode(), params)
-            return await cur.fetchall() if cur.description is not None else []
-    except psycopg.Error as e:
-        raise _failed(e) from e
 
 
 def _row(raw: tuple[Any, ...]) -> WebhookRow:
@@ -100,3 +82,7 @@ async def save_cursors(store: EventStore, cursors: dict[str, Checkpoint]) -> Non
             "ids": ids, "txids": [cursors[i].txid for i in ids],
             "positions": [cursors[i].position for i in ids],
         })  # fmt: skip
+
+
+async def _run(store: EventStore, name: str, params: dict[str, object]) -> list[tuple[Any, ...]]:
+    return await store.astatement(load(name).encode(), params, what="the webhooks")
