@@ -46,7 +46,7 @@ from eventstore import (
 )
 from eventstore.archive import Retention
 from eventstore.bridge import Portal, blocking
-from eventstore.catalogue import DeliveryEnqueued
+from eventstore.catalogue import DeliveryEnqueued, WebhookCreated
 from eventstore.feed import Feed
 from eventstore.retention import RetentionTask
 from gateways.api.common import AgentChange
@@ -117,7 +117,7 @@ class Node:
         self.prices = prices.load(os.environ)
         """The price table usage is costed with (actors/prices.py; a bad override fails here)."""
         self.webhook_policy = webhooks.policy(os.environ)  # the API checks targets against it
-        self._webhooks: Channel | None = None  # the outbox channel of event webhooks
+        self._webhooks: webhooks.Webhooks | None = None  # event webhooks: channel and fan-out
 
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
@@ -149,7 +149,7 @@ class Node:
 
     def channel(self, agent_id: str, channel_id: str) -> Channel | None:
         if not agent_id and channel_id == webhooks.CHANNEL:  # no agent's: the subscriptions'
-            return self._webhooks
+            return None if self._webhooks is None else self._webhooks.channel
         agent = self.agents.get(agent_id)
         return agent.channels.get(channel_id) if agent is not None else None
 
@@ -470,6 +470,9 @@ class Node:
             self.store.hints.notify(committed[-1].checkpoint)
         if self._hints is not None:
             self._background(self._hints.publish(committed))
+        made = any(isinstance(e.data, WebhookCreated) for e in committed)
+        if made and self._webhooks is not None:
+            self._webhooks.fanout.nudge()  # it reads the log only while a subscription lives
         promised = {e.data.channel_id for e in committed if isinstance(e.data, DeliveryEnqueued)}
         if promised and self._outbox is not None:
             self._outbox.tell(KICK)  # a reply was promised: send it now, not at the next poll
@@ -568,7 +571,7 @@ class Node:
             if actor is not None:
                 await _settle(actor, DRAIN, timeout)
         if self._webhooks is not None:  # the outbox sends through it no more
-            await self._webhooks.aclose()
+            await self._webhooks.channel.aclose()
 
 
 async def _tell(actor: pykka.ActorRef[Any], message: object) -> None:

@@ -11,6 +11,7 @@ time; default 1), ``DISPACH_WEBHOOK_TIMEOUT_SECONDS`` (one POST; default 10).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from actors.cluster.ownership import Ownership
 from actors.webhooks.fanout import Fanout
@@ -21,7 +22,7 @@ from gateways.webhooks.channel import SubscriptionChannel
 from gateways.webhooks.target import TargetPolicy
 from runtime.errors import ConfigError
 
-__all__ = ["CHANNEL", "policy", "start"]
+__all__ = ["CHANNEL", "Webhooks", "policy", "start"]
 
 
 def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
@@ -39,9 +40,14 @@ def policy(env: Mapping[str, str]) -> TargetPolicy:
     return TargetPolicy.from_env(env)
 
 
-def start(
-    env: Mapping[str, str], store: EventStore, feed: Feed, ownership: Ownership
-) -> SubscriptionChannel:
+class Webhooks(NamedTuple):
+    channel: SubscriptionChannel
+    """The outbox channel that delivers them."""
+    fanout: Fanout
+    """What promises the log's events to them (running where the lease is)."""
+
+
+def start(env: Mapping[str, str], store: EventStore, feed: Feed, ownership: Ownership) -> Webhooks:
     attempts = int(_number(env, "DISPACH_WEBHOOK_MAX_ATTEMPTS", 8, 1, 100))
     base = _number(env, "DISPACH_WEBHOOK_BACKOFF_SECONDS", 1.0, 0.01, 3600)
     timeout = _number(env, "DISPACH_WEBHOOK_TIMEOUT_SECONDS", 10.0, 0.1, 120)
@@ -50,4 +56,4 @@ def start(
     )
     fanout = Fanout(store, feed)
     ownership.singleton("webhooks", fanout.start, fanout.stop)
-    return channel
+    return Webhooks(channel, fanout)

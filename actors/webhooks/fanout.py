@@ -10,11 +10,17 @@ twice across a crash or a hand-over: the cursors are saved after the promises th
 committed, and a promise's event id is derived from the subscription and the event, so reading
 the same events again appends nothing (plan.py). Subscriptions made or deleted while it runs
 are events of the log it reads, so each starts exactly after its ``webhook.created``.
+
+With no live subscription it reads nothing: following the whole log would have the feed read
+back every commit of every turn for no one. It then looks for a subscription every
+``idle_poll_s`` (a ``webhook.created`` committed on this node wakes it at once: :meth:`nudge`).
+A subscription found late loses nothing, because its cursor starts at its ``webhook.created``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import structlog
@@ -35,12 +41,20 @@ _SAVE_EVERY_S = 5.0
 
 
 class Fanout:
-    def __init__(self, store: EventStore, feed: Feed, *, retry_s: float = 1.0) -> None:
+    def __init__(
+        self, store: EventStore, feed: Feed, *, retry_s: float = 1.0, idle_poll_s: float = 1.0
+    ) -> None:
         self._store = store
         self._feed = feed
         self._retry_s = retry_s
+        self._idle_poll_s = idle_poll_s
+        self._nudged = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.promised = 0
+
+    def nudge(self) -> None:
+        """A subscription was made on this node: look for it now, not at the next poll."""
+        self._nudged.set()
 
     async def start(self) -> None:
         if self._task is None or self._task.done():
@@ -56,6 +70,7 @@ class Fanout:
         while True:
             try:
                 await self._follow()
+                continue
             except StoreError as e:
                 log.warning("webhook_fanout_retry", error=e.message)
             except Exception:  # a bug must not end every subscription's deliveries: go on
@@ -66,7 +81,12 @@ class Fanout:
         # The head first, then the subscriptions: one made in between is a webhook.created
         # after the head, so the read below sees it.
         head = await self._store.ahead()
+        self._nudged.clear()  # before the read: a subscription made after it nudges again
         subs = {s.webhook_id: s for s in await table.live(self._store)}
+        if not subs:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), self._idle_poll_s)
+            return
         start = min([head, *(s.cursor for s in subs.values())])
         saved = time.monotonic()
         async with self._feed.subscribe(Scope(chunks=False), start) as feed:
@@ -81,6 +101,8 @@ class Fanout:
                 if promised or time.monotonic() - saved > _SAVE_EVERY_S:
                     await table.save_cursors(self._store, {i: s.cursor for i, s in subs.items()})
                     saved = time.monotonic()
+                if not subs:  # the last one was deleted: stop reading the log
+                    return
 
     async def _promise(self, subs: dict[str, Live], events: list[RecordedEvent]) -> int:
         """Promise a page of events, subscription changes applied in log order."""
