@@ -526,8 +526,7 @@ async def test_the_first_turn_of_a_reactivated_session_reads_its_history_from_th
     node_factory: NodeFactory, fake_anthropic: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The session actor holds no history once passivated: its next turn's history is read
-    from the log while the turn's accept commits (the read ahead), and holds the turns before
-    it, never the turn itself."""
+    from the log, and holds the turns before it, never the turn itself."""
     fake_anthropic.script(Reply(text="Noted: blue."), Reply(text="You said blue."))
     monkeypatch.setenv(KEY_ENV, "test-key")
     node_factory.write_agent("helper", manifest(fake_anthropic))

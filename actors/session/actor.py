@@ -22,7 +22,6 @@ import structlog
 from actors import ids
 from actors.actor import LoopActor, tell
 from actors.context import fork
-from actors.context import load as context_load
 from actors.context.history import History
 from actors.messages import (
     Accepted,
@@ -151,10 +150,6 @@ class SessionActor(LoopActor):
         self._history: History | None = None
         """The session's history as the next turn reads it, once a turn here has ended (None:
         the next turn loads it from the session's snapshot and messages)."""
-        self._prefetch: dict[str, asyncio.Task[History]] = {}
-        """The history read for a turn accepted on this idle session with none in memory, begun
-        at its accept so that the read and the accept's commit overlap (the read leaves out
-        turns still running, so it cannot see the turn it is for)."""
         self.last_active = time.monotonic()
         self._handed_over: asyncio.Future[None] | None = None
         self._used = False
@@ -252,13 +247,10 @@ class SessionActor(LoopActor):
                 self._turn = None
             case ResetHistory():
                 self._history = History()
-                self._drop_prefetch()
             case ReloadHistory():
                 self._history = None
-                self._drop_prefetch()
             case Forget(turn_id=turn_id):
                 self._accepted.pop(turn_id, None)
-                self._drop_prefetch(turn_id)
             case AnswerHandOver():
                 done = self._hand_over_future()
                 if not done.done():
@@ -269,7 +261,6 @@ class SessionActor(LoopActor):
         match decision.answer:
             case Accept(turn_id=turn_id):
                 assert committed is not None
-                self._read_ahead(turn_id)
                 return Accepting(Accepted(turn_id=turn_id, session_key=key), committed)
             case Duplicate(turn_id=turn_id, pending=pending):
                 known = self._commits[turn_id] if pending else _stored(turn_id)
@@ -284,25 +275,6 @@ class SessionActor(LoopActor):
                 return plain
         return None
 
-    def _read_ahead(self, turn_id: str) -> None:
-        """Begin the history read of a turn that will start as soon as its accept commits: the
-        session is idle (this turn heads its queue, nothing runs or waits) and holds no history
-        in memory (the first turn since its actor was activated)."""
-        state = self._state
-        if (self._history is not None or self._prefetch or state.queue != (turn_id,)
-                or state.running is not None or state.parked is not None):  # fmt: skip
-            return
-        read = context_load.load(self._engine.store, state.agent_id, self._session_key)
-        task = self._loop.create_task(read)
-        task.add_done_callback(_retrieved)
-        self._prefetch[turn_id] = task
-
-    def _drop_prefetch(self, turn_id: str | None = None) -> None:
-        for key in [turn_id] if turn_id is not None else list(self._prefetch):
-            task = self._prefetch.pop(key, None) if key is not None else None
-            if task is not None:
-                task.cancel()
-
     def _hand_over_future(self) -> asyncio.Future[None]:
         if self._handed_over is None:
             self._handed_over = self._loop.create_future()
@@ -315,21 +287,13 @@ class SessionActor(LoopActor):
         runner = TurnRunner(
             engine.store, self._agent, turn_id, self._session_key, engine.node_id,
             stored=self._accepted.pop(turn_id, None), history=self._history,
-            read_ahead=self._prefetch.pop(turn_id, None),
             versions=functools.partial(engine.agent_at, self._state.agent_id),
         )  # fmt: skip
-        self._drop_prefetch()  # any other (none is expected): it was for a turn that did not start
         if stop_by is not None:
             runner.request_stop(stop_by)
         ref = engine.host.start(TurnActor, engine.portal.loop, runner, self.actor_ref.tell,
                                 engine.running)  # fmt: skip
         self._turn = _Turn(turn_id, ref, runner)
-
-
-def _retrieved(task: asyncio.Task[History]) -> None:
-    """A read ahead that failed is read again by its turn: its error is not news here."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _stored(turn_id: str) -> Future[AppendResult]:

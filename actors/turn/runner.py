@@ -9,7 +9,6 @@ those events, so a turn resumed after a crash picks up exactly where its log end
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -101,12 +100,10 @@ class TurnRunner:
         node_id: str,
         stored: list[RecordedEvent] | None = None,
         history: History | None = None,
-        read_ahead: asyncio.Future[History] | None = None,
         versions: Callable[[str], Awaitable[Agent | None]] | None = None,
     ) -> None:
         self._known = stored  # the turn's events when the caller has them (a fresh turn)
         self._history = history  # the session's history when its actor holds it (not changed)
-        self._read_ahead = read_ahead  # else its read, begun by the session at the accept
         self._versions = versions  # the agent's other versions this node has (a resume's)
         self._entries: list[Entry] = []  # this turn's own rows
         self._start = 0  # the log position of the turn's turn.start
@@ -284,14 +281,9 @@ class TurnRunner:
 
     async def _earlier(self) -> History:
         """The session's history before this turn (the turn's own copy: compaction changes it
-        as the turn goes): from its actor's memory, else the log (read ahead by the session
-        while the accept committed, when it could be)."""
+        as the turn goes): from its actor's memory, else the log."""
         if self._history is not None:
             return self._history.copy()
-        ahead, self._read_ahead = self._read_ahead, None
-        if ahead is not None:
-            with contextlib.suppress(StoreError):  # read again below, as with none
-                return await ahead
         return await context_load.load(self.store, self.agent.id, self.session_key, self._start)
 
     # --- the loop ------------------------------------------------------------------------------
