@@ -428,9 +428,11 @@ class NodeActivity(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     turns: list[str]
     """The ids of the turns running on this node."""
     outbox_inflight: int
-    """Outbox items this node is sending now."""
+    """The agents' deliveries this node is sending now."""
     scheduler: bool
     """This node holds the schedule clock (one node of the cluster does)."""
+    webhooks_inflight: int = 0
+    """Event webhook deliveries this node is sending now (0 from a node older than them)."""
 
 
 class CommandPath(Protocol):

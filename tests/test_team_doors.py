@@ -1,6 +1,7 @@
 """A team's member takes work only from its supervisor's handoff, at every door (issue 36): HTTP
-and the WebSocket refuse it ``agent_not_addressable``, and so do the NATS ingress subject, a
-schedule's ticks (``schedule.skipped``) and a channel's messages (``channel.rejected``); no
+and the WebSocket refuse it ``agent_not_addressable``, and so do the NATS ingress subject, the
+schedule routes, a schedule's ticks (``schedule.skipped``) and a channel's messages
+(``channel.rejected``); no
 producer may claim to be a handoff. ``GET /v1/agents`` lists the member, marked not addressable
 and a member of its supervisor. Real Postgres, NATS and a node; Telegram is the fake Bot API."""
 
@@ -38,6 +39,8 @@ model: {{provider: scripted}}
 channels:
   - {{id: telegram, type: telegram, api_base_url: "{url}", allow_from: ["*"], mode: longpoll,
      poll_timeout_s: 1, backoff_s: [0.05, 0.1]}}
+schedules:
+  - {{id: tick, kind: every, expr: 1s, task: ping, deliver: none}}
 """
 
 
@@ -75,10 +78,15 @@ async def test_a_member_is_refused_at_every_door_and_listed_as_its_supervisors(
         answer = await nc.request(subjects.ingress("boss"), claimed, timeout=10)
         assert msgspec.json.decode(answer.data)["error"]["code"] == "source_reserved"
 
-        # A schedule: each tick is skipped on the record, never fired.
-        tick = {"id": "tick", "kind": "every", "expr": "1s", "task": "ping", "deliver": "none"}
-        defined = await http.post("/v1/agents/helper/schedules", json=tick)
-        assert defined.status_code == 201, defined.text
+        # A schedule: the API makes none for a member, nor runs one out of band; the ticks of
+        # one its manifest declares are skipped on the record, never fired.
+        tock = {"id": "tock", "kind": "every", "expr": "1s", "task": "ping", "deliver": "none"}
+        error_of(await http.post("/v1/agents/helper/schedules", json=tock), 403,
+                 "agent_not_addressable")  # fmt: skip
+        error_of(await http.put("/v1/agents/helper/schedules/tick", json=tock), 403,
+                 "agent_not_addressable")  # fmt: skip
+        error_of(await http.post("/v1/agents/helper/schedules/tick/run"), 403,
+                 "agent_not_addressable")  # fmt: skip
 
         async def schedule() -> list[Any]:
             return [e.data for e in await store.aread_stream(streams.schedule("helper", "tick"))]

@@ -249,6 +249,12 @@ async def test_a_receiver_killed_mid_post_gets_every_event_once_and_the_resend_f
         await _wait(first, lambda r: first.died)
         first.stop()  # killed: the POST it read is never answered, and nothing listens
         await asyncio.sleep(1.0)  # the node retries against a closed port meanwhile
+        # Meanwhile the cluster is not idle: its webhook deliveries wait, told apart from the
+        # agents' (this agent delivers nothing).
+        activity = (await http.get("/v1/activity")).json()
+        hooks = activity["deliveries"]["webhooks"]
+        assert hooks["pending"] + hooks["inflight"] >= 1 and not activity["idle"], activity
+        assert activity["deliveries"]["outbox"] == {"pending": 0, "inflight": 0}, activity
         await _turn(http, "three")
         with EventReceiver(port=port) as second:
             log = await _log(api)

@@ -38,9 +38,10 @@ async def node_activity(
     """This node's activity: ``running`` are the tasks of its turns (SessionDirectory.running)."""
     turns = sorted(t.get_name().removeprefix(TURN_TASK) for t in running
                    if t.get_name().startswith(TURN_TASK))  # fmt: skip
-    inflight = int((await store.afetch(_NODE_SQL, {"node": node_id}))[0][0])
-    return NodeActivity(node=node_id, idle=not turns and inflight == 0, turns_running=len(turns),
-                        turns=turns, outbox_inflight=inflight, scheduler=scheduler)  # fmt: skip
+    ((inflight, hooks),) = await store.afetch(_NODE_SQL, {"node": node_id})
+    return NodeActivity(node=node_id, idle=not turns and inflight == 0 and hooks == 0,
+                        turns_running=len(turns), turns=turns, outbox_inflight=int(inflight),
+                        webhooks_inflight=int(hooks), scheduler=scheduler)  # fmt: skip
 
 
 class Activity:

@@ -33,6 +33,9 @@ class OutboxActivity(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
 
 class Deliveries(msgspec.Struct, frozen=True, kw_only=True):
     outbox: OutboxActivity
+    """The agents' replies and deliveries."""
+    webhooks: OutboxActivity
+    """The event webhooks' deliveries (docs/channels.md, "Event webhooks")."""
 
 
 class ActivityBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
@@ -51,8 +54,13 @@ class ActivityBody(msgspec.Struct, frozen=True, kw_only=True, rename="camel", om
     """Members of the cluster that did not answer in time."""
 
 
-def is_idle(turns_running: int, pending: int, inflight: int) -> bool:
-    return turns_running == 0 and pending == 0 and inflight == 0
+def is_idle(turns_running: int, *unsettled: int) -> bool:
+    return turns_running == 0 and not any(unsettled)
+
+
+def _unsettled(pending: int, inflight: int, next_attempt: datetime | None) -> OutboxActivity:
+    at = None if next_attempt is None else next_attempt.isoformat()
+    return OutboxActivity(pending=pending, inflight=inflight, next_attempt_at=at)
 
 
 async def get_activity(request: Request) -> Response:
@@ -61,17 +69,19 @@ async def get_activity(request: Request) -> Response:
     replies, status = rt.activity, rt.cluster_status()
     if replies is None or status is None:
         raise not_ready()
-    ((turns, pending, inflight, next_attempt),) = await fetch(request, "activity", {})
+    (
+        (turns, pending, inflight, next_attempt, hooks_pending, hooks_inflight, hooks_next),
+    ) = await fetch(request, "activity", {})
     wake = await _next_wake(request)
     local: NodeActivity = await replies.local()
     members = {n.id for n in status.nodes} | {local.node}
     nodes, missing = await replies.gather(members - {local.node}, GATHER_S)
     nodes = sorted([local, *(n for n in nodes if n.node != local.node)], key=lambda n: n.node)
     return json_response(ActivityBody(
-        idle=is_idle(turns, pending, inflight), turns_running=turns,
-        deliveries=Deliveries(outbox=OutboxActivity(
-            pending=pending, inflight=inflight,
-            next_attempt_at=None if next_attempt is None else next_attempt.isoformat())),
+        idle=is_idle(turns, pending, inflight, hooks_pending, hooks_inflight),
+        turns_running=turns,
+        deliveries=Deliveries(outbox=_unsettled(pending, inflight, next_attempt),
+                              webhooks=_unsettled(hooks_pending, hooks_inflight, hooks_next)),
         next_wake_at=None if wake is None else wake.isoformat(),
         node=local, nodes=nodes, missing=missing,
     ))  # fmt: skip

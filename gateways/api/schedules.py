@@ -27,12 +27,13 @@ from gateways.api.common import (
     agent,
     decode_body,
     fetch,
+    not_addressable,
     read_body,
     refused,
     runtime,
     store_error,
 )
-from gateways.api.schemas import AcceptedBody
+from gateways.api.schemas import AcceptedBody, AgentDetail
 from gateways.http.errors import json_response
 from gateways.http.operation import AGENT, Operation, answer, param
 
@@ -102,7 +103,7 @@ GET_SCHEDULE = Operation(
 
 
 async def create_schedule(request: Request) -> Response:
-    target = agent(request)
+    target = _addressable(request)
     spec = _checked(request, target.id, await read_body(request))
     if await _rows(request, target.id, spec.id):
         again = f"PUT /v1/agents/{target.id}/schedules/{spec.id} replaces it"
@@ -120,12 +121,12 @@ CREATE_SCHEDULE = Operation(
     {"201": answer(ScheduleResource, "Created")},
     params=[AGENT],
     body=ScheduleSpec,
-    errors=("400", "401", "404", "409", "503"),
+    errors=("400", "401", "403", "404", "409", "503"),
 )
 
 
 async def replace_schedule(request: Request) -> Response:
-    target = agent(request)
+    target = _addressable(request)
     sid = request.path_params["schedule"]
     await _writable(request, target.id, sid)
     spec = _checked(request, target.id, await read_body(request), sid)
@@ -142,7 +143,7 @@ REPLACE_SCHEDULE = Operation(
     {"200": answer(ScheduleResource, "Replaced")},
     params=[AGENT, SCHEDULE],
     body=ScheduleSpec,
-    errors=("400", "401", "404", "409", "503"),
+    errors=("400", "401", "403", "404", "409", "503"),
 )
 # The same operation: a whole definition either way.
 PATCH_SCHEDULE = dataclasses.replace(REPLACE_SCHEDULE, method="PATCH")
@@ -168,7 +169,7 @@ DELETE_SCHEDULE = Operation(
 
 
 async def run_schedule(request: Request) -> Response:
-    target = agent(request)
+    target = _addressable(request)
     sid = request.path_params["schedule"]
     await _one(request, target.id, sid)
     run = RunSchedule(agent_id=target.id, schedule_id=sid)
@@ -187,11 +188,20 @@ RUN_SCHEDULE = Operation(
     "Fire the schedule now, out of band (its clock is not moved)",
     {"202": answer(AcceptedBody, "Accepted")},
     params=[AGENT, SCHEDULE],
-    errors=("400", "401", "404", "503"),
+    errors=("400", "401", "403", "404", "503"),
 )
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+def _addressable(request: Request) -> AgentDetail:
+    """The path's agent, refused (403 agent_not_addressable) when it takes work only from its
+    team's supervisor: a tick of its schedule would be skipped every time (actors/schedule/)."""
+    target = agent(request)
+    if (problem := not_addressable(target)) is not None:
+        raise refused(problem)
+    return target
 
 
 class _Row(msgspec.Struct, frozen=True):
