@@ -122,26 +122,31 @@ class Node:
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
 
     def agent_details(self) -> dict[str, AgentDetail]:
-        found = dict(self._details)
-        for agent_id, supervisors in teams.supervisors(
-            {a: d.members for a, d in found.items()}
-        ).items():  # fmt: skip
-            if agent_id in found:
-                found[agent_id] = msgspec.structs.replace(found[agent_id], member_of=supervisors)
-        if self.lifecycle is not None:  # stopped or not, and the version new turns run
-            for agent_id, detail in found.items():
-                shown = self.lifecycle.shown(agent_id)
-                found[agent_id] = msgspec.structs.replace(detail, **shown)
-        if not self.sources:
-            return found
-        for agent_id in self._manifests:
+        supervisors = teams.supervisors({a: d.members for a, d in self._details.items()})
+        return {a: self._shown(d, supervisors.get(a)) for a, d in self._details.items()}
+
+    def agent_detail(self, agent_id: str) -> AgentDetail | None:
+        # Asked for every request that names an agent: this agent's view alone.
+        detail = self._details.get(agent_id)
+        if detail is None:
+            return None
+        supervisors = sorted(a for a, d in self._details.items() if agent_id in d.members)
+        return self._shown(detail, supervisors or None)
+
+    def _shown(self, detail: AgentDetail, supervisors: list[str] | None) -> AgentDetail:
+        """An agent as the API shows it: its teams, whether it is stopped and the version new
+        turns run, and what its tool sources warn of."""
+        agent_id = detail.id
+        changes: dict[str, Any] = {}
+        if supervisors:
+            changes["member_of"] = supervisors
+        if self.lifecycle is not None:
+            changes.update(self.lifecycle.shown(agent_id))
+        if self.sources and agent_id in self._manifests:
             down = [w for live in self.sources.values() for w in live.warnings(agent_id)]
-            if down and agent_id in found:
-                detail = found[agent_id]
-                found[agent_id] = msgspec.structs.replace(
-                    detail, warnings=[*detail.warnings, *down]
-                )
-        return found
+            if down:
+                changes["warnings"] = [*detail.warnings, *down]
+        return msgspec.structs.replace(detail, **changes) if changes else detail
 
     def skills(self, agent_id: str) -> SkillList | None:
         agent = self.agents.get(agent_id)

@@ -70,6 +70,10 @@ class Runtime(Protocol):
 
     def agent_details(self) -> dict[str, AgentDetail]: ...
 
+    def agent_detail(self, agent_id: str) -> AgentDetail | None:
+        """One agent of :meth:`agent_details` (None: no such agent), without the others'."""
+        ...
+
     def skills(self, agent_id: str) -> SkillList | None:
         """The agent's skills and how its turns select them (None: no such agent)."""
         ...
@@ -211,7 +215,7 @@ def not_ready() -> ApiError:
 def visible_agent(conn: HTTPConnection, agent_id: str, field: str | None) -> AgentDetail:
     """The agent, if the caller may see it (else 404 ``agent_not_found``, as if it did not
     exist: a scoped token learns nothing about other agents)."""
-    found = runtime(conn).agent_details().get(agent_id)
+    found = runtime(conn).agent_detail(agent_id)
     if found is None or not principal(conn).sees(agent_id):
         raise ApiError(
             404,
