@@ -9,7 +9,8 @@ neither adding work per request:
 - :meth:`PostgresHealth.probe`, a ``SELECT 1`` once a second on a connection of its own (not
   one of the pools'), bounded by a timeout, which also covers a node that is idle or only reads.
 
-The latest observation wins. The state is one tuple assigned whole, so the writer thread and the
+The latest observation wins, but for a probe's good answer to a question asked before the
+last down was seen. The state is one tuple assigned whole, so the writer thread and the
 event loop can both write it and readers see either the old or the new one, never a mix.
 
 The probe's query also finds what can hold the log back (``sql/horizon.sql``):
@@ -131,10 +132,13 @@ class PostgresHealth:
         """Why Postgres is down ("" while it is up)."""
         return self._state[2]
 
-    def observe(self, up: bool, reason: str = "") -> None:
-        """Record what a witness saw (any thread). Only a change is logged."""
-        was = self._state[0]
-        if up and was:
+    def observe(self, up: bool, reason: str = "", *, since: float | None = None) -> None:
+        """Record what a witness saw (any thread). Only a change is logged. ``since``: when the
+        witness began to look (monotonic): a good answer to a question asked before Postgres
+        was last seen down says nothing of it now (a probe sent just before a stop, answered
+        after the writer saw the stop), and is not taken."""
+        was, at, _ = self._state
+        if up and (was or (since is not None and since < at)):
             return
         self._state = (up, time.monotonic(), "" if up else reason)
         if up:
@@ -157,6 +161,7 @@ class PostgresHealth:
         seen = self.outages
         try:
             while True:
+                asked = time.monotonic()
                 check = asyncio.ensure_future(self._check(conn))
                 # Waited on, not timed out: a cancelled query first asks the server to cancel
                 # it (psycopg allows that 10 s), and a hung server would hold the verdict back.
@@ -173,7 +178,7 @@ class PostgresHealth:
                     conn = None
                 else:
                     conn = check.result()
-                    self.observe(True)
+                    self.observe(True, since=asked)
                     if seen != self.outages and after_outage is not None:
                         seen = self.outages
                         await after_outage()

@@ -226,7 +226,13 @@ class EventStore:
     ) -> list[tuple[Any, ...]]:
         """One statement on a table beside the log (API keys, webhooks' secrets and cursors) in
         its own transaction, on the event loop: its rows, if it returns any. Driver errors come
-        back as ``StoreUnavailable`` naming ``what`` (see :func:`unavailable_for`)."""
+        back as ``StoreUnavailable`` naming ``what`` (see :func:`unavailable_for`), at once
+        while Postgres is known down: the pool's wait for a connection would take 30 s."""
+        if not self.health.up:
+            raise StoreUnavailable(
+                f"cannot read or write {what}: Postgres is down ({self.health.reason})",
+                "the database is down; retry",
+            )
         try:
             async with self._apool.connection() as conn, conn.transaction():
                 cur = await conn.execute(query, params)
