@@ -130,8 +130,8 @@ class Node:
         detail = self._details.get(agent_id)
         if detail is None:
             return None
-        supervisors = sorted(a for a, d in self._details.items() if agent_id in d.members)
-        return self._shown(detail, supervisors or None)
+        supervisors = teams.supervisors({a: d.members for a, d in self._details.items()})
+        return self._shown(detail, supervisors.get(agent_id))
 
     def _shown(self, detail: AgentDetail, supervisors: list[str] | None) -> AgentDetail:
         """An agent as the API shows it: its teams, whether it is stopped and the version new

@@ -10,7 +10,7 @@ made (actors/webhooks/plan.py), signed as Standard Webhooks signs:
   delivery whose earlier POST went unanswered (it may have arrived: deduplicate by id).
 
 The receiver's answer is its word (2xx delivered; 408, 425, 429, 5xx retried; other 4xx dead);
-only a lost answer is in doubt (gateways/channels/webhook.py decides the same for its channel).
+only a lost answer is in doubt (gateways/channels/post.py, as for the webhook channel).
 The target is checked against the policy at every attempt, on the addresses it connects to.
 """
 
@@ -25,13 +25,11 @@ from collections.abc import Callable
 from typing import Literal
 from urllib.parse import urlsplit
 
-import aiohttp
-
-from actors.outbox import Inbound, Outbound, SendResult
+from actors.outbox import Outbound, SendResult
 from actors.webhooks.plan import CHANNEL
 from eventstore import EventStore, StoreError
 from eventstore import webhooks as table
-from gateways.channels.webhook import NOT_SENT, outcome
+from gateways.channels.post import OutboundOnly, Poster
 from gateways.webhooks.target import (
     CheckedResolver,
     TargetPolicy,
@@ -53,7 +51,7 @@ def sign(secret: str, delivery_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(mac.digest()).decode()
 
 
-class SubscriptionChannel:
+class SubscriptionChannel(OutboundOnly):
     type = "webhook"
     id = CHANNEL
     ordered = True
@@ -79,8 +77,7 @@ class SubscriptionChannel:
         self.backoff_s = backoff_s
         self.concurrency = concurrency
         self.measure: Callable[[str], int] = len
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._session: aiohttp.ClientSession | None = None
+        self._poster = Poster(timeout_s, concurrency, lambda: CheckedResolver(policy))
 
     def __repr__(self) -> str:
         return "SubscriptionChannel()"
@@ -88,28 +85,8 @@ class SubscriptionChannel:
     def target_problem(self, to: str, thread: str | None) -> str | None:
         return "a webhook subscription is not a reply's recipient"
 
-    async def start(self, inbound: Inbound) -> None:
-        return None
-
-    async def stop(self) -> None:
-        return None
-
-    async def pause(self, paused: bool) -> None:
-        return None  # nothing comes in
-
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(
-                limit=self.concurrency, resolver=CheckedResolver(self._policy)
-            )
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._timeout, raise_for_status=False
-            )
-        return self._session
+        await self._poster.aclose()
 
     async def send(self, item: Outbound) -> SendResult:
         try:
@@ -134,24 +111,13 @@ class SubscriptionChannel:
         }
         if item.uncertain:
             headers["webhook-redelivery"] = "1"
-        try:
-            async with self._client().post(
-                found.url, data=body, headers=headers, allow_redirects=False
-            ) as response:
-                return outcome(response.status, await response.read(), response.headers)
-        except NOT_SENT as e:
-            refused = getattr(e, "os_error", None)
-            if isinstance(refused, TargetRefused):
-                return _refused(str(refused))
-            return SendResult(ok=False, retryable=True, code="delivery_unreachable",
-                              error=f"{type(e).__name__}: {e}")  # fmt: skip
-        except TimeoutError as e:
-            return SendResult(ok=False, retryable=True, in_doubt=True, code="delivery_timeout",
-                              error=f"the webhook did not answer in time: {e!r}")  # fmt: skip
-        except aiohttp.ClientError as e:
-            return SendResult(ok=False, retryable=True, in_doubt=True,
-                              code="delivery_connection_lost",
-                              error=f"{type(e).__name__}: {e}")  # fmt: skip
+        return await self._poster.post(found.url, body, headers, not_sent=_refused_target)
+
+
+def _refused_target(e: Exception) -> SendResult | None:
+    """A connection the resolver refused: the policy's word, not the network's."""
+    refused = getattr(e, "os_error", None)
+    return _refused(str(refused)) if isinstance(refused, TargetRefused) else None
 
 
 def _refused(why: str) -> SendResult:
