@@ -13,7 +13,10 @@ from pathlib import Path
 
 import msgspec
 
+from actors import prices
+from actors.prices import PriceTable
 from eventstore import subjects
+from gateways.webhooks.target import TargetPolicy
 from runtime.errors import ConfigError
 
 DEFAULT_PORT = 7420
@@ -99,6 +102,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     archive them anyway; such a session's notes then answer ``cursor_archived``)."""
     archive_dir: Path | None = None
     """Where archives are written (DISPACH_ARCHIVE_DIR; default: <home>/archives)."""
+    prices: PriceTable = msgspec.field(default_factory=PriceTable)
+    """What usage is costed with: the defaults, then the entries of DISPACH_PRICES_FILE (YAML or
+    JSON) and DISPACH_PRICES (inline JSON), whole models each (actors/prices.py)."""
+    webhook_policy: TargetPolicy = msgspec.field(default_factory=TargetPolicy)
+    """Where an event webhook may POST: no internal address unless DISPACH_WEBHOOK_ALLOW names
+    its host or network, or DISPACH_WEBHOOK_ALLOW_PRIVATE=1 (gateways/webhooks/target.py)."""
+    webhook_max_attempts: int = 8
+    """An event webhook's delivery is dead after this many POSTs (DISPACH_WEBHOOK_MAX_ATTEMPTS)."""
+    webhook_backoff_seconds: float = 1.0
+    """The first pause between POSTs, doubled each time (DISPACH_WEBHOOK_BACKOFF_SECONDS)."""
+    webhook_timeout_seconds: float = 10.0
+    """One POST's bound (DISPACH_WEBHOOK_TIMEOUT_SECONDS)."""
 
     @property
     def archives_path(self) -> Path:
@@ -172,7 +187,15 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "archive_dir": Path(env["DISPACH_ARCHIVE_DIR"]).expanduser()
         if env.get("DISPACH_ARCHIVE_DIR")
         else None,
+        "webhook_max_attempts": _int(env, "DISPACH_WEBHOOK_MAX_ATTEMPTS", 8),
+        "webhook_backoff_seconds": _float(env, "DISPACH_WEBHOOK_BACKOFF_SECONDS", 1.0),
+        "webhook_timeout_seconds": _float(env, "DISPACH_WEBHOOK_TIMEOUT_SECONDS", 10.0),
     }
+    # Given as objects (tests do), they are not read: a bad file is not an error then.
+    if "prices" not in overrides:
+        values["prices"] = prices.load(env)
+    if "webhook_policy" not in overrides:
+        values["webhook_policy"] = TargetPolicy.from_env(env)
     values.update({k: v for k, v in overrides.items() if v is not None})
     if not values["node_id"]:
         # The same node after a restart (its data directory, which it then locks): it takes
@@ -209,6 +232,7 @@ def validate(settings: Settings) -> None:
         )
     _validate_http_limits(settings)
     _validate_cluster(settings)
+    _validate_ranges(settings, _WEBHOOK_RANGES)
     if not settings.loopback and not settings.tokens and not settings.keys_only:
         raise ConfigError(
             f"refusing to listen on {settings.host} without an API token",
@@ -292,7 +316,13 @@ def _validate_cluster(settings: Settings) -> None:
             "use 1-32 lower-case letters, digits, '-' or '_', starting with a letter",
             "DISPACH_CLUSTER",
         )
-    for field, name, low, high, hint in _CLUSTER_RANGES:
+    _validate_ranges(settings, _CLUSTER_RANGES)
+
+
+def _validate_ranges(
+    settings: Settings, ranges: tuple[tuple[str, str, float, float, str], ...]
+) -> None:
+    for field, name, low, high, hint in ranges:
         value = getattr(settings, field)
         if not low <= value <= high:  # workers may come from --workers: say it plainly
             said = f"{value} workers" if field == "workers" else f"{name}={value:g}"
@@ -307,6 +337,15 @@ _CLUSTER_RANGES = (
     ("replicas", "DISPACH_KV_REPLICAS", 1, 5,
      "use 1 for one NATS server, 3 for a 3-server cluster"),
     ("workers", "DISPACH_WORKERS", 1, 64, "use 1-64 worker processes, or 'auto' for one per core"),
+)  # fmt: skip
+
+_WEBHOOK_RANGES = (
+    ("webhook_max_attempts", "DISPACH_WEBHOOK_MAX_ATTEMPTS", 1, 100,
+     "use 1-100 POSTs (default 8); then a delivery is dead"),
+    ("webhook_backoff_seconds", "DISPACH_WEBHOOK_BACKOFF_SECONDS", 0.01, 3600,
+     "use 0.01-3600 seconds (default 1), doubled after each POST"),
+    ("webhook_timeout_seconds", "DISPACH_WEBHOOK_TIMEOUT_SECONDS", 0.1, 120,
+     "use 0.1-120 seconds (default 10) for one POST"),
 )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ import nats.errors
 import pykka
 import structlog
 
-from actors import prices, tracing
+from actors import tracing
 from actors.actor import ask
 from actors.agent import Agent
 from actors.budget import Budget, Budgets
@@ -114,9 +114,9 @@ class Node:
         self._phase = "starting"
         self._started = time.monotonic()
         self.accept_timeout = settings.accept_timeout_seconds
-        self.prices = prices.load(os.environ)
-        """The price table usage is costed with (actors/prices.py; a bad override fails here)."""
-        self.webhook_policy = webhooks.policy(os.environ)  # the API checks targets against it
+        self.prices = settings.prices
+        """The price table usage is costed with (actors/prices.py)."""
+        self.webhook_policy = settings.webhook_policy  # the API checks targets against it
         self._webhooks: webhooks.Webhooks | None = None  # event webhooks: channel and fan-out
 
     # --- gateways.Runtime (read by the gateway) ------------------------------------------------
@@ -295,7 +295,7 @@ class Node:
                         functools.partial(channel.start, host),
                         channel.stop,
                     )
-        self._webhooks = webhooks.start(os.environ, store, feed, ownership)
+        self._webhooks = webhooks.start(self.settings, store, feed, ownership)
         # Partitions are opened (fenced, their unfinished turns resumed) as their leases come.
         await ownership.start(self.engine, store)
         # The outbox recovers in-doubt items before it sends anything, once the members are

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from actors.prices import PriceError
 from runtime.config import from_env, is_loopback, nats_servers
 from runtime.errors import ConfigError
 from runtime.logs import redact_url
@@ -56,6 +57,10 @@ def test_tokens_are_long_and_may_be_several() -> None:
         ("DISPACH_LEASE_TTL_SECONDS", "soon"),
         ("DISPACH_KV_REPLICAS", "7"),
         ("DISPACH_WORKERS", "many"),
+        ("DISPACH_WEBHOOK_MAX_ATTEMPTS", "0"),
+        ("DISPACH_WEBHOOK_MAX_ATTEMPTS", "eight"),
+        ("DISPACH_WEBHOOK_BACKOFF_SECONDS", "0"),
+        ("DISPACH_WEBHOOK_TIMEOUT_SECONDS", "600"),
     ],
 )
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
@@ -73,6 +78,20 @@ def test_the_cluster_settings_and_a_list_of_nats_servers() -> None:
     )  # fmt: skip
     assert settings.workers >= 1
     assert nats_servers(" nats://a:4222,nats://b:4222 ,") == ["nats://a:4222", "nats://b:4222"]
+
+
+def test_the_prices_and_the_webhook_policy_are_read_with_the_rest() -> None:
+    """Read at start with every other setting: a bad override stops the node before it opens
+    anything, naming the variable."""
+    settings = from_env({"DISPACH_PRICES": '{"house": {"input": 1, "output": 2}}',
+                         "DISPACH_WEBHOOK_ALLOW": "hooks.internal, 10.0.0.0/8"})  # fmt: skip
+    assert settings.prices.prices["house"].output == 2
+    assert settings.webhook_policy.hosts == {"hooks.internal"}
+    assert [str(n) for n in settings.webhook_policy.networks] == ["10.0.0.0/8"]
+    assert not from_env({}).webhook_policy.allow_private
+    with pytest.raises(PriceError) as bad:
+        from_env({"DISPACH_PRICES": "{not json"})
+    assert bad.value.code == "prices_invalid" and "DISPACH_PRICES" in bad.value.message
 
 
 def test_loopback_detection() -> None:

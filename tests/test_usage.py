@@ -175,12 +175,10 @@ async def test_usage_refuses_a_grouping_or_range_it_cannot_read(api: ApiServer) 
 
 
 @pytest.mark.asyncio
-async def test_a_turn_shows_its_cost_call_by_call(
-    api_factory: ApiFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_turn_shows_its_cost_call_by_call(api_factory: ApiFactory) -> None:
     # The operator prices the scripted model (free by default): $1 and $2 per million.
-    monkeypatch.setenv("DISPACH_PRICES", '{"scripted": {"input": 1, "output": 2}}')
-    api = await api_factory.start()
+    priced = prices.load({"DISPACH_PRICES": '{"scripted": {"input": 1, "output": 2}}'})
+    api = await api_factory.start(prices=priced)
     async with httpx.AsyncClient(base_url=api.url) as client:
         accepted = await client.post("/v1/agents/assistant/messages", json={"text": "hello"})
         turn_id = accepted.json()["turnId"]

@@ -22,7 +22,13 @@ from gateways.webhooks.target import TargetPolicy, refusal, url_problem
 from tests.conftest import ApiFactory, ApiServer
 from tests.fakes.event_receiver import EventReceiver, Got, verify
 
-FAST = {"DISPACH_WEBHOOK_BACKOFF_SECONDS": "0.2", "DISPACH_WEBHOOK_MAX_ATTEMPTS": "30"}
+LOOPBACK = TargetPolicy.from_env({"DISPACH_WEBHOOK_ALLOW": "127.0.0.0/8"})
+"""The receivers listen on loopback, an internal address: allowed as DISPACH_WEBHOOK_ALLOW would."""
+FAST: dict[str, Any] = {
+    "webhook_policy": LOOPBACK,
+    "webhook_backoff_seconds": 0.2,
+    "webhook_max_attempts": 30,
+}
 
 
 # --- pure rules -------------------------------------------------------------------------------
@@ -143,12 +149,8 @@ async def _all_delivered(http: httpx.AsyncClient, webhook_id: str, count: int) -
 
 
 @pytest.mark.asyncio
-async def test_refusals_without_an_allowance(
-    api_factory: ApiFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("DISPACH_WEBHOOK_ALLOW", raising=False)
-    monkeypatch.delenv("DISPACH_WEBHOOK_ALLOW_PRIVATE", raising=False)
-    api = await api_factory.start()
+async def test_refusals_without_an_allowance(api_factory: ApiFactory) -> None:
+    api = await api_factory.start()  # the default policy: no internal address
     with EventReceiver() as receiver:
         async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
             cases = [
@@ -178,12 +180,9 @@ async def test_refusals_without_an_allowance(
 
 @pytest.mark.asyncio
 async def test_subscribed_events_arrive_in_order_signed_and_filtered(
-    api_factory: ApiFactory, monkeypatch: pytest.MonkeyPatch
+    api_factory: ApiFactory,
 ) -> None:
-    monkeypatch.setenv("DISPACH_WEBHOOK_ALLOW", "127.0.0.0/8")
-    for name, value in FAST.items():
-        monkeypatch.setenv(name, value)
-    api = await api_factory.start(outbox_poll_seconds=0.1)
+    api = await api_factory.start(outbox_poll_seconds=0.1, **FAST)
     with EventReceiver() as receiver, EventReceiver() as elsewhere:
         async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
             sub = await _subscribe(http, receiver.url + "/a", events=["turn.*", "tool.call"],
@@ -232,12 +231,9 @@ async def test_subscribed_events_arrive_in_order_signed_and_filtered(
 
 @pytest.mark.asyncio
 async def test_a_receiver_killed_mid_post_gets_every_event_once_and_the_resend_flagged(
-    api_factory: ApiFactory, monkeypatch: pytest.MonkeyPatch
+    api_factory: ApiFactory,
 ) -> None:
-    monkeypatch.setenv("DISPACH_WEBHOOK_ALLOW", "127.0.0.0/8")
-    for name, value in FAST.items():
-        monkeypatch.setenv(name, value)
-    api = await api_factory.start(outbox_poll_seconds=0.1)
+    api = await api_factory.start(outbox_poll_seconds=0.1, **FAST)
     first = EventReceiver().start()
     port = first.port
     async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
@@ -285,12 +281,10 @@ async def test_a_receiver_killed_mid_post_gets_every_event_once_and_the_resend_f
 
 @pytest.mark.asyncio
 async def test_a_failing_receiver_goes_dead_after_the_bound_and_shows_it(
-    api_factory: ApiFactory, monkeypatch: pytest.MonkeyPatch
+    api_factory: ApiFactory,
 ) -> None:
-    monkeypatch.setenv("DISPACH_WEBHOOK_ALLOW", "127.0.0.0/8")
-    monkeypatch.setenv("DISPACH_WEBHOOK_BACKOFF_SECONDS", "0.05")
-    monkeypatch.setenv("DISPACH_WEBHOOK_MAX_ATTEMPTS", "3")
-    api = await api_factory.start(outbox_poll_seconds=0.1)
+    api = await api_factory.start(outbox_poll_seconds=0.1, webhook_policy=LOOPBACK,
+                                  webhook_backoff_seconds=0.05, webhook_max_attempts=3)  # fmt: skip
     with EventReceiver(status=500) as receiver:
         async with httpx.AsyncClient(base_url=api.url, timeout=30) as http:
             sub = await _subscribe(http, receiver.url, events=["turn.start", "turn.end"])
@@ -313,13 +307,10 @@ async def test_a_failing_receiver_goes_dead_after_the_bound_and_shows_it(
 
 @pytest.mark.asyncio
 async def test_two_nodes_the_fan_out_moves_with_its_lease_and_nothing_repeats(
-    api_factory: ApiFactory, monkeypatch: pytest.MonkeyPatch
+    api_factory: ApiFactory,
 ) -> None:
-    monkeypatch.setenv("DISPACH_WEBHOOK_ALLOW", "127.0.0.0/8")
-    for name, value in FAST.items():
-        monkeypatch.setenv(name, value)
-    first = await api_factory.start(outbox_poll_seconds=0.1)
-    second = await api_factory.start(outbox_poll_seconds=0.1)
+    first = await api_factory.start(outbox_poll_seconds=0.1, **FAST)
+    second = await api_factory.start(outbox_poll_seconds=0.1, **FAST)
     with EventReceiver() as receiver:
         async with httpx.AsyncClient(base_url=first.url, timeout=30) as http:
             sub = await _subscribe(http, receiver.url, events=["turn.start", "turn.end"])
