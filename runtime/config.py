@@ -53,6 +53,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     that sends nothing this long is closed (DISPACH_HEAD_TIMEOUT_SECONDS)."""
     body_timeout_seconds: float = 30.0
     """The longest pause between the bytes of a request body (DISPACH_BODY_TIMEOUT_SECONDS)."""
+    keep_alive_seconds: float = 65.0
+    """How long an idle keep-alive connection stays open (DISPACH_KEEP_ALIVE_SECONDS): longer
+    than clients and proxies keep theirs (httpx 5 s, Node's fetch 4 s, a cloud load balancer
+    60 s), so the client closes first. A server that closes an idle connection just as the
+    client reuses it loses that request unanswered (a POST is not retried)."""
     max_connections_per_client: int = 256
     """Open connections (WebSockets included) from one client address; 0: no cap
     (DISPACH_MAX_CONNECTIONS_PER_CLIENT)."""
@@ -160,6 +165,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "max_body": _int(env, "DISPACH_MAX_BODY", 1_000_000),
         "head_timeout_seconds": float(_int(env, "DISPACH_HEAD_TIMEOUT_SECONDS", 10)),
         "body_timeout_seconds": float(_int(env, "DISPACH_BODY_TIMEOUT_SECONDS", 30)),
+        "keep_alive_seconds": float(_int(env, "DISPACH_KEEP_ALIVE_SECONDS", 65)),
         "max_connections_per_client": _int(env, "DISPACH_MAX_CONNECTIONS_PER_CLIENT", 256),
         "node_id": env.get("DISPACH_NODE_ID") or "",
         "cluster": env.get("DISPACH_CLUSTER") or "dispach",
@@ -276,6 +282,7 @@ def _validate_http_limits(settings: Settings) -> None:
     for name, seconds in (
         ("DISPACH_HEAD_TIMEOUT_SECONDS", settings.head_timeout_seconds),
         ("DISPACH_BODY_TIMEOUT_SECONDS", settings.body_timeout_seconds),
+        ("DISPACH_KEEP_ALIVE_SECONDS", settings.keep_alive_seconds),
     ):
         if seconds < 1:
             raise ConfigError(f"{name}={seconds:g} is under a second",

@@ -68,6 +68,7 @@ async def serve(settings: Settings, sock: socket.socket | None = None) -> int:
         ),
         ws=EdgeWebSocket,
         lifespan="off",
+        timeout_keep_alive=int(settings.keep_alive_seconds),
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=max(1, int(settings.drain_seconds)),

@@ -300,6 +300,18 @@ def test_keep_alive_requests_are_served_as_before(node: Serve) -> None:
         assert data.count(b"HTTP/1.1 200 OK\r\n") == 2, data
 
 
+def test_an_idle_keep_alive_connection_outlives_a_clients_own_expiry(node: Serve) -> None:
+    """A connection left idle past httpx's 5 s (uvicorn's own default) is still served: the
+    client closes first, so no request meets a connection the server is closing."""
+    with connect(node, "127.0.0.37") as sock:
+        sock.sendall(get("/v1/health"))
+        assert read_answer(sock)[0] == 200
+        time.sleep(6)  # the idle time is what is tested
+        sock.sendall(get("/v1/health"))
+        status, _, body = read_answer(sock)
+        assert status == 200 and json.loads(body)["status"] == "ok"
+
+
 def test_a_response_leaves_in_one_write(node: Serve) -> None:
     """The head waits for the body and goes out with it (gateways/http/protocol.py): the first read
     of the answer holds all of it. (Two writes would make the first read return the head alone
@@ -346,9 +358,11 @@ def test_the_limits_are_settings_with_defaults_that_a_client_never_meets() -> No
     settings = from_env({})
     assert (settings.head_timeout_seconds, settings.body_timeout_seconds) == (10, 30)
     assert settings.max_connections_per_client == 256
+    assert settings.keep_alive_seconds == 65
     assert from_env({"DISPACH_MAX_CONNECTIONS_PER_CLIENT": "0"}).max_connections_per_client == 0
     for name, value in [("DISPACH_HEAD_TIMEOUT_SECONDS", "0"), ("DISPACH_BODY_TIMEOUT_SECONDS",
-                        "soon"), ("DISPACH_MAX_CONNECTIONS_PER_CLIENT", "-1")]:  # fmt: skip
+                        "soon"), ("DISPACH_MAX_CONNECTIONS_PER_CLIENT", "-1"),
+                        ("DISPACH_KEEP_ALIVE_SECONDS", "0")]:  # fmt: skip
         with pytest.raises(ConfigError) as caught:
             from_env({name: value})
         assert caught.value.field == name and caught.value.hint
