@@ -238,7 +238,7 @@ def validate(settings: Settings) -> None:
         )
     _validate_http_limits(settings)
     _validate_cluster(settings)
-    _validate_ranges(settings, _WEBHOOK_RANGES)
+    _validate_ranges(settings)
     if not settings.loopback and not settings.tokens and not settings.keys_only:
         raise ConfigError(
             f"refusing to listen on {settings.host} without an API token",
@@ -323,20 +323,17 @@ def _validate_cluster(settings: Settings) -> None:
             "use 1-32 lower-case letters, digits, '-' or '_', starting with a letter",
             "DISPACH_CLUSTER",
         )
-    _validate_ranges(settings, _CLUSTER_RANGES)
 
 
-def _validate_ranges(
-    settings: Settings, ranges: tuple[tuple[str, str, float, float, str], ...]
-) -> None:
-    for field, name, low, high, hint in ranges:
+def _validate_ranges(settings: Settings) -> None:
+    for field, name, low, high, hint in _RANGES:
         value = getattr(settings, field)
         if not low <= value <= high:  # workers may come from --workers: say it plainly
             said = f"{value} workers" if field == "workers" else f"{name}={value:g}"
             raise ConfigError(f"{said} is out of range", hint, name)
 
 
-_CLUSTER_RANGES = (
+_RANGES = (  # the numbers with bounds: the field, its variable, the bounds, the hint
     ("partitions", "DISPACH_PARTITIONS", 1, 4096,
      "use 1-4096 (default 64), and keep it for the life of the deployment"),
     ("lease_ttl_seconds", "DISPACH_LEASE_TTL_SECONDS", 1, 300,
@@ -344,9 +341,6 @@ _CLUSTER_RANGES = (
     ("replicas", "DISPACH_KV_REPLICAS", 1, 5,
      "use 1 for one NATS server, 3 for a 3-server cluster"),
     ("workers", "DISPACH_WORKERS", 1, 64, "use 1-64 worker processes, or 'auto' for one per core"),
-)  # fmt: skip
-
-_WEBHOOK_RANGES = (
     ("webhook_max_attempts", "DISPACH_WEBHOOK_MAX_ATTEMPTS", 1, 100,
      "use 1-100 POSTs (default 8); then a delivery is dead"),
     ("webhook_backoff_seconds", "DISPACH_WEBHOOK_BACKOFF_SECONDS", 0.01, 3600,
